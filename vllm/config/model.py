@@ -1,0 +1,246 @@
+"""ModelConfig: what checkpoint we serve and how (architecture, convert, pooling, lengths)."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from transformers import PretrainedConfig
+
+from vllm.config.pooler import PoolerConfig
+from vllm.logger import init_logger
+from vllm.model_executor.models.registry import (ResolvedArch, convert_architecture,
+                                                 resolve_architecture)
+from vllm.transformers_utils.config import load_hf_config, read_json, resolve_model_path
+from vllm.transformers_utils.st_config import SentenceTransformersConfig, load_st_config
+
+logger = init_logger(__name__)
+
+_TASK_TO_CONVERT = {"embed": "embed", "embedding": "embed", "classify": "classify",
+                    "score": "classify", "reward": "reward"}
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+_CONVERT_TASKS = {"embed": ("encode", "embed"), "classify": ("encode", "classify"),
+                  "reward": ("encode", "reward")}
+
+
+@dataclass
+class ModelConfig:
+    """User-facing model settings plus everything resolved from the checkpoint at start-up."""
+
+    model: str
+    tokenizer: Optional[str] = None
+    runner: str = "auto"
+    convert: str = "auto"
+    task: Optional[str] = None
+    dtype: Union[str, torch.dtype] = "auto"
+    max_model_len: Optional[int] = None
+    hf_overrides: Optional[dict[str, Any]] = None
+    override_pooler_config: Optional[Union[PoolerConfig, dict]] = None
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    device: str = "auto"
+    seed: int = 0
+
+    # Resolved in __post_init__.
+    path: Path = field(init=False)
+    hf_config: PretrainedConfig = field(init=False)
+    arch: ResolvedArch = field(init=False)
+    st_config: Optional[SentenceTransformersConfig] = field(init=False)
+    pooler_config: PoolerConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.path = resolve_model_path(self.model, self.revision)
+        self.tokenizer = self.tokenizer or str(self.path)
+        self.hf_config = load_hf_config(self.path, self.hf_overrides)
+        self.st_config = load_st_config(self.path)
+        self._resolve_runner_and_convert()
+        self.pooler_config = self._resolve_pooler_config()
+        self.device = self._resolve_device()
+        self.dtype = self._resolve_dtype()
+        self.max_model_len = self._resolve_max_model_len()
+
+    # ----- runner / convert ------------------------------------------------------------
+    def _resolve_runner_and_convert(self) -> None:
+        if self.task is not None:
+            warnings.warn("`task` is deprecated; use `runner='pooling'` and `convert=...`.",
+                          DeprecationWarning, stacklevel=4)
+            if self.task not in _TASK_TO_CONVERT:
+                raise ValueError(f"task={self.task!r} is not a pooling task; use one of "
+                                 f"{sorted(set(_TASK_TO_CONVERT))}.")
+            if self.convert == "auto":
+                self.convert = _TASK_TO_CONVERT[self.task]
+        if self.runner not in ("auto", "pooling"):
+            raise ValueError(f"runner={self.runner!r} is not supported: this engine serves "
+                             "pooling models only; use runner='pooling' (or 'auto').")
+        self.runner = "pooling"
+        arch_name = self.hf_config.architectures[0]
+        arch = resolve_architecture(arch_name)
+        if self.convert not in ("auto", "none", "embed", "classify", "reward"):
+            raise ValueError(f"convert={self.convert!r} is not supported; use one of auto, "
+                             "embed, classify, reward.")
+        convert = arch.native_convert if self.convert in ("auto", "none") else self.convert
+        arch = convert_architecture(arch, convert)
+        self.arch = arch
+        self.convert = convert
+        how = "converted from a causal LM" if arch_name.endswith(("ForCausalLM", "LMHeadModel")) \
+            and convert == "embed" else "by architecture"
+        logger.info("Resolved architecture: %s, runner: pooling, convert: %s (%s)",
+                    arch_name, convert, how)
+
+    # ----- pooler config -------------------------------------------------------------
+    def _resolve_pooler_config(self) -> PoolerConfig:
+        user = self.override_pooler_config
+        if isinstance(user, dict):
+            user = PoolerConfig(**user)
+        cfg = user.model_copy() if user is not None else PoolerConfig()
+        sources = []
+        if user is not None and user.pooling_type is not None:
+            sources.append("pooling_type from the user override")
+        st = self.st_config
+        if cfg.pooling_type is None and st is not None and st.pooling_type is not None:
+            cfg.pooling_type = st.pooling_type
+            sources.append("pooling_type from the sentence-transformers Pooling config")
+        if cfg.pooling_type is None:
+            cfg.pooling_type = self.arch.default_pooling_type
+            sources.append(f"pooling_type from the class default of {self.arch.architecture}")
+        if self.convert == "embed" and cfg.normalize is None:
+            cfg.normalize = st.normalize if st is not None else True
+            sources.append("normalize from " + ("the sentence-transformers modules"
+                                                 if st is not None else "the embed default"))
+        if self.convert in ("classify",) and cfg.activation is None:
+            cfg.activation = True
+        if self.convert == "reward" and cfg.softmax is None:
+            cfg.softmax = False
+        logger.info("Pooling config resolved: %s", "; ".join(sources))
+        return cfg
+
+    # ----- dtype / device / lengths -----------------------------------------------------
+    def _resolve_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def _resolve_dtype(self) -> torch.dtype:
+        dtype = self.dtype
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        if dtype == "auto":
+            if self.device == "cpu":
+                return torch.float32
+            ckpt = getattr(self.hf_config, "torch_dtype", None) or getattr(
+                self.hf_config, "dtype", None)
+            if isinstance(ckpt, str):
+                ckpt = _DTYPES.get(ckpt)
+            return ckpt if ckpt in (torch.float16, torch.bfloat16) else torch.float32
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not supported; use auto, float32, bfloat16 "
+                             "or float16.")
+        return _DTYPES[dtype]
+
+    def _position_limit(self) -> int:
+        limit = getattr(self.hf_config, "max_position_embeddings", None) or 512
+        if self.hf_config.model_type in ("roberta", "xlm-roberta"):
+            limit -= (getattr(self.hf_config, "pad_token_id", 1) or 1) + 1
+        return int(limit)
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self._position_limit()
+        candidates = [limit]
+        if self.st_config is not None and self.st_config.max_seq_length:
+            candidates.append(int(self.st_config.max_seq_length))
+        tok_cfg = read_json(Path(self.tokenizer) / "tokenizer_config.json") or {}
+        tok_max = tok_cfg.get("model_max_length")
+        if isinstance(tok_max, (int, float)) and 0 < tok_max < 1e9:
+            candidates.append(int(tok_max))
+        derived = min(candidates)
+        if self.max_model_len is None:
+            return derived
+        if self.max_model_len == -1:
+            return derived
+        if self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} is larger than the model's position limit "
+                f"({limit}); pass max_model_len <= {limit}.")
+        if self.max_model_len < 1:
+            raise ValueError("max_model_len must be positive.")
+        return int(self.max_model_len)
+
+    # ----- facts used by the gate, heads and entrypoints -------------------------------
+    @property
+    def architecture(self) -> str:
+        return self.arch.architecture
+
+    @property
+    def is_causal(self) -> bool:
+        """Causal attention: a decoder class, and `is_causal` not set false in the config."""
+        return self.arch.base.is_causal and getattr(self.hf_config, "is_causal", True) is not False
+
+    @property
+    def num_labels(self) -> int:
+        tokens = getattr(self.hf_config, "classifier_from_token", None)
+        if tokens:
+            return 1 if getattr(self.hf_config, "is_original_qwen3_reranker", False) \
+                else len(tokens)
+        return int(getattr(self.hf_config, "num_labels", 1) or 1)
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        tasks = _CONVERT_TASKS[self.convert]
+        if self.convert == "embed" or (self.convert == "classify" and self.num_labels == 1):
+            tasks = tasks + ("score",)
+        return tasks
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        return self.convert == "classify"
+
+    @property
+    def matryoshka_dimensions(self) -> Optional[list[int]]:
+        return getattr(self.hf_config, "matryoshka_dimensions", None)
+
+    @property
+    def is_matryoshka(self) -> bool:
+        return bool(getattr(self.hf_config, "is_matryoshka", False)
+                    or self.matryoshka_dimensions)
+
+    def verify_dimensions(self, dimensions: int) -> None:
+        if not self.is_matryoshka:
+            raise ValueError(f"Model {self.model!r} does not support matryoshka "
+                             "representation, changing output dimensions will lead to poor "
+                             "results. Leave `dimensions` unset.")
+        if dimensions < 1:
+            raise ValueError("dimensions must be at least 1.")
+        allowed = self.matryoshka_dimensions
+        if allowed and dimensions not in allowed:
+            raise ValueError(f"Model {self.model!r} only supports {allowed} matryoshka "
+                             f"dimensions; got dimensions={dimensions}.")
+
+    @property
+    def score_activation(self) -> str:
+        """The cross-encoder's activation name: 'sigmoid', 'identity', 'softmax', 'tanh'."""
+        st = getattr(self.hf_config, "sentence_transformers", None) or {}
+        name = (st.get("activation_fn") if isinstance(st, dict) else None) or getattr(
+            self.hf_config, "sbert_ce_default_activation_function", None)
+        if not name:
+            return "sigmoid" if self.num_labels == 1 else "softmax"
+        short = name.rsplit(".", 1)[-1].lower()
+        if short not in ("sigmoid", "identity", "softmax", "tanh"):
+            raise ValueError(f"cross-encoder activation {name!r} is not supported")
+        return short
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        mapping = getattr(self.hf_config, "id2label", None) or {}
+        return {int(k): v for k, v in mapping.items()}
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hf_config.hidden_size
+
+    @property
+    def uses_token_type_ids(self) -> bool:
+        return self.hf_config.model_type == "bert" and \
+            getattr(self.hf_config, "type_vocab_size", 0) > 1

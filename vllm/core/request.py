@@ -1,0 +1,47 @@
+"""A request as the scheduler sees it: tokens, progress, blocks, hashes."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Request:
+    """`num_computed_tokens` catches up to `num_tokens`; then the request is pooled.
+
+    `pooling_params` is opaque to `core/` (it is handed back to the runner untouched).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    pooling_params: Any = None
+    token_type_ids: Optional[list[int]] = None
+    cache_salt: Optional[str] = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0          # prefix-cache hit at first scheduling
+    num_steps: int = 0                  # steps in which some of its tokens were computed
+    num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)

@@ -1,0 +1,228 @@
+"""AsyncLLM: the server's asynchronous front over one synchronous `LLMEngine`.
+
+One background thread owns the engine and runs its step loop; every other thread
+only talks to it through a small inbox guarded by a condition variable. Requests
+that arrive while a step is running are added together before the next step, so
+concurrent HTTP requests share engine steps (torch releases the GIL while the model
+runs, so the event loop keeps accepting requests meanwhile).
+
+Tokenization runs on a single worker thread (Hugging Face fast tokenizers are not
+safe to reconfigure from several threads at once), never on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_T = TypeVar("_T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shut down or crashed); no request can be served."""
+
+
+@dataclass
+class _Pending:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    prompt: Any
+    params: Any
+    added: bool = False  # handed to the engine (False while still in the inbox)
+    start: float = field(default_factory=time.perf_counter)
+
+
+class AsyncLLM:
+    """Runs an `LLMEngine` on a background thread and serves it to asyncio callers."""
+
+    def __init__(self, engine: Any, *, start: bool = True) -> None:
+        self.engine = engine
+        self.vllm_config = engine.vllm_config
+        self.model_config = engine.vllm_config.model_config
+        self.tokenizer = engine.tokenizer
+        self._cv = threading.Condition()
+        self._pending: dict[str, _Pending] = {}
+        self._inbox: list[str] = []
+        self._aborts: list[str] = []
+        self._stopping = False
+        self._error: Optional[BaseException] = None
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="vllm-tokenizer")
+        self._thread = threading.Thread(target=self._run, name="vllm-engine-loop", daemon=True)
+        if start:
+            self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: Any) -> "AsyncLLM":
+        from vllm.engine.llm_engine import LLMEngine
+        return cls(LLMEngine.from_engine_args(engine_args))
+
+    # ----- health -------------------------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self._error is None and not self._stopping
+
+    @property
+    def errored(self) -> bool:
+        return self._error is not None
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        if self._error is not None:
+            return EngineDeadError(f"The engine loop stopped after an error: {self._error!r}")
+        return EngineDeadError("The engine is not running (it was shut down).")
+
+    @property
+    def stats(self) -> Any:
+        """The engine's live counters (steps, finished requests, prefix-cache hits, ...)."""
+        return self.engine.stats
+
+    # ----- tokenization (off the event loop) ------------------------------------------
+    async def run_in_tokenizer_thread(self, fn: Callable[..., _T], *args: Any,
+                                      **kwargs: Any) -> _T:
+        """Run `fn` on the tokenizer thread; the event loop stays free."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, lambda: fn(*args, **kwargs))
+
+    async def tokenize_prompts(self, prompts: Sequence[Any],
+                               truncate_prompt_tokens: Optional[int] = None,
+                               add_special_tokens: bool = True) -> list[Any]:
+        """Tokenize every prompt (str, token ids, or a prompt dict) in one thread hop."""
+        processor = self.engine.processor
+
+        def work() -> list[Any]:
+            return [processor.tokenize_prompt(p, truncate_prompt_tokens=truncate_prompt_tokens,
+                                              add_special_tokens=add_special_tokens)
+                    for p in prompts]
+        return await self.run_in_tokenizer_thread(work)
+
+    async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
+                             truncate_prompt_tokens: Optional[int] = None) -> list[Any]:
+        """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form."""
+        processor = self.engine.processor
+
+        def work() -> list[Any]:
+            return [processor.tokenize_pair(a, b, truncate_prompt_tokens=truncate_prompt_tokens)
+                    for a, b in pairs]
+        return await self.run_in_tokenizer_thread(work)
+
+    # ----- requests --------------------------------------------------------------------
+    async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
+        """Run one tokenized prompt through the engine; return its PoolingRequestOutput.
+
+        Cancelling the awaiting task (e.g. the client went away) aborts the request.
+        Raises ValueError for a request the engine refuses, EngineDeadError when the
+        engine is not running.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        with self._cv:
+            if not self.is_alive:
+                raise self.dead_error
+            if request_id in self._pending:
+                raise ValueError(f"Request id {request_id!r} is already running.")
+            self._pending[request_id] = _Pending(loop, future, prompt, params)
+            self._inbox.append(request_id)
+            self._cv.notify()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.abort([request_id])
+            raise
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Forget these requests; those already in the engine are aborted there."""
+        with self._cv:
+            for rid in request_ids:
+                pending = self._pending.pop(rid, None)
+                if pending is None:
+                    continue
+                if pending.added:
+                    self._aborts.append(rid)
+                else:
+                    self._inbox.remove(rid)
+                _resolve(pending, error=asyncio.CancelledError())
+            self._cv.notify()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop after the step in flight; fail every request still waiting."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        self._fail_all(EngineDeadError("The engine was shut down."))
+
+    # ----- the engine thread ---------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        busy = False
+        try:
+            while True:
+                with self._cv:
+                    while not (self._stopping or self._inbox or self._aborts or busy):
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                    aborts, self._aborts = self._aborts, []
+                    new = [(rid, self._pending[rid]) for rid in self._inbox]
+                    self._inbox = []
+                    for _, pending in new:
+                        pending.added = True
+                if aborts:
+                    try:
+                        engine.abort_request(aborts)
+                    except (KeyError, ValueError):  # finished meanwhile: nothing to abort
+                        logger.debug("Abort of finished request(s) %s ignored.", aborts)
+                for rid, pending in new:
+                    try:
+                        engine.add_request(rid, pending.prompt, pending.params)
+                    except Exception as exc:  # a bad request fails alone
+                        with self._cv:
+                            self._pending.pop(rid, None)
+                        _resolve(pending, error=exc)
+                if engine.has_unfinished_requests():
+                    outputs = engine.step()
+                    with self._cv:
+                        done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
+                    for pending, output in done:
+                        if pending is not None:
+                            _resolve(pending, result=output)
+                busy = engine.has_unfinished_requests()
+        except BaseException as exc:  # the engine itself failed: every request fails
+            logger.exception("The engine loop failed; the server can no longer serve.")
+            self._error = exc
+            self._fail_all(self.dead_error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            pending, self._pending = list(self._pending.values()), {}
+            self._inbox, self._aborts = [], []
+        for p in pending:
+            _resolve(p, error=error)
+
+
+def _resolve(pending: _Pending, *, result: Any = None,
+             error: Optional[BaseException] = None) -> None:
+    """Complete an asyncio future from any thread (no-op if it is done or its loop closed)."""
+    def complete() -> None:
+        if pending.future.done():
+            return
+        if isinstance(error, asyncio.CancelledError):
+            pending.future.cancel()
+        elif error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)
+    try:
+        pending.loop.call_soon_threadsafe(complete)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass

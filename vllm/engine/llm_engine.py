@@ -1,0 +1,121 @@
+"""LLMEngine: requests in, pooled outputs out, one scheduler step at a time."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from vllm.config import VllmConfig
+from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.core.request import Request
+from vllm.core.scheduler import Scheduler
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.processor import InputProcessor, TokenizedPrompt, load_tokenizer
+from vllm.logger import init_logger
+from vllm.outputs import PoolingOutput, PoolingRequestOutput
+from vllm.pooling_params import PoolingParams
+from vllm.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class EngineStats:
+    """Counters since start-up (read by tests and exported by the server)."""
+
+    num_steps: int = 0
+    num_requests_finished: int = 0
+    prompt_tokens: int = 0           # tokens of finished requests' prompts
+    computed_tokens: int = 0         # tokens actually run through the model
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_split_requests: int = 0      # finished requests computed over 2+ steps
+    num_evictions: int = 0
+    num_preemptions: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+class LLMEngine:
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.tokenizer = load_tokenizer(self.model_config)
+        self.processor = InputProcessor(self.model_config, self.tokenizer)
+        self.runner = ModelRunner(vllm_config)
+        cc = vllm_config.cache_config
+        self.kv = KVCacheManager(self.runner.num_blocks, cc.block_size,
+                                 bool(cc.enable_prefix_caching))
+        self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv)
+        self._stats = EngineStats()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args.create_engine_config())
+
+    def add_request(self, request_id: str, prompt: TokenizedPrompt,
+                    params: PoolingParams) -> None:
+        """Queue a tokenized prompt. Raises ValueError for a task the model cannot do
+        or parameters that do not belong to the task."""
+        task = params.task or "encode"
+        self.verify_task(task)
+        params.verify(task, self.model_config)
+        self.processor.check(prompt)
+        self.scheduler.add_request(Request(request_id, prompt.prompt_token_ids, params,
+                                           prompt.token_type_ids))
+
+    def verify_task(self, task: str) -> None:
+        tasks = self.model_config.supported_tasks
+        if task in tasks:
+            return
+        hint = {"embed": "convert='embed'", "classify": "convert='classify'",
+                "reward": "convert='reward'", "score": "a cross-encoder with one label "
+                "(convert='classify', num_labels=1) or an embedding model"}.get(task, "")
+        raise ValueError(f"The model {self.model_config.architecture} does not support the "
+                         f"{task!r} task; it supports {list(tasks)}. To {task} with it, load it "
+                         f"with {hint}.")
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.scheduler.abort(set(request_ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[PoolingRequestOutput]:
+        """Schedule, run the model once, and return the requests that finished."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        try:
+            pooled = self.runner.execute(out)
+        except Exception:
+            # Drop this step's requests (their blocks were promised but maybe not
+            # written) so the engine keeps serving others; the caller sees the exception.
+            self.scheduler.abort({s.request.request_id for s in out.scheduled})
+            self.kv.pool.reset_hashes()
+            raise
+        finished = self.scheduler.update(out)
+        self._stats.num_steps += 1
+        self._stats.computed_tokens += out.num_tokens
+        outputs = []
+        for req in finished:
+            self._stats.num_requests_finished += 1
+            self._stats.prompt_tokens += req.num_tokens
+            self._stats.num_split_requests += int(req.num_steps > 1)
+            outputs.append(PoolingRequestOutput(
+                req.request_id, PoolingOutput(pooled[req.request_id]), req.prompt_token_ids,
+                True, req.num_cached_tokens))
+        return outputs
+
+    @property
+    def stats(self) -> EngineStats:
+        s = self._stats
+        s.prefix_cache_queries = self.kv.prefix_cache_queries
+        s.prefix_cache_hits = self.kv.prefix_cache_hits
+        s.num_evictions = self.kv.pool.num_evictions
+        s.num_preemptions = self.scheduler.num_preemptions
+        s.num_running = len(self.scheduler.running)
+        s.num_waiting = len(self.scheduler.waiting)
+        return s
+
+    def get_tokenizer(self):
+        return self.tokenizer

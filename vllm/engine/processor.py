@@ -1,0 +1,121 @@
+"""Turn user prompts into validated token ids (the engine's input side)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from vllm.config.model import ModelConfig
+
+PromptType = Union[str, list[int], dict[str, Any]]
+
+
+@dataclass
+class TokenizedPrompt:
+    prompt_token_ids: list[int]
+    token_type_ids: Optional[list[int]] = None
+
+
+def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
+    tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
+    if mc.st_config is not None and mc.st_config.do_lower_case and \
+            not getattr(tok, "do_lower_case", False):
+        tok.do_lower_case = True
+    return tok
+
+
+class InputProcessor:
+    def __init__(self, model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.mc = model_config
+        self.tokenizer = tokenizer
+        self.vocab_size = max(len(tokenizer), getattr(model_config.hf_config, "vocab_size", 0))
+
+    def _truncation(self, truncate_prompt_tokens: Optional[int]) -> dict:
+        if truncate_prompt_tokens is None:
+            return {}
+        k = truncate_prompt_tokens
+        if k == -1:
+            k = self.mc.max_model_len
+        if k < 1 and k != -1:
+            raise ValueError("truncate_prompt_tokens must be -1 or a positive number.")
+        if k > self.mc.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens value ({k}) is greater than "
+                             f"max_model_len ({self.mc.max_model_len}). Please select a "
+                             "smaller truncation size.")
+        return {"truncation": True, "max_length": k}
+
+    def tokenize_prompt(self, prompt: PromptType, truncate_prompt_tokens: Optional[int] = None,
+                        add_special_tokens: bool = True) -> TokenizedPrompt:
+        """str / {"prompt": str} / {"prompt_token_ids": [...]} / [int] -> checked ids."""
+        trunc = self._truncation(truncate_prompt_tokens)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key.")
+        if isinstance(prompt, str):
+            enc = self.tokenizer(prompt, add_special_tokens=add_special_tokens, **trunc)
+            out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+            if trunc:
+                ids = ids[-trunc["max_length"]:] if self.tokenizer.truncation_side == "left" \
+                    else ids[: trunc["max_length"]]
+            out = TokenizedPrompt(ids)
+        else:
+            raise ValueError(f"A prompt must be a str, a list of token ids or a dict; got "
+                             f"{type(prompt).__name__}.")
+        self.check(out)
+        return out
+
+    def tokenize_many(self, prompts: list[PromptType],
+                      truncate_prompt_tokens: Optional[int] = None) -> list[TokenizedPrompt]:
+        """Tokenize a list of prompts, plain strings in one fast-tokenizer batch call."""
+        texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+        out: list[Optional[TokenizedPrompt]] = [None] * len(prompts)
+        if len(texts) > 1:
+            trunc = self._truncation(truncate_prompt_tokens)
+            enc = self.tokenizer([prompts[i] for i in texts], **trunc)
+            types = enc.get("token_type_ids") if self.mc.uses_token_type_ids else None
+            for j, i in enumerate(texts):
+                out[i] = TokenizedPrompt(list(enc["input_ids"][j]),
+                                         list(types[j]) if types is not None else None)
+                self.check(out[i])
+        for i, p in enumerate(prompts):
+            if out[i] is None:
+                out[i] = self.tokenize_prompt(p, truncate_prompt_tokens)
+        return out
+
+    def tokenize_pair(self, text_1: str, text_2: str,
+                      truncate_prompt_tokens: Optional[int] = None) -> TokenizedPrompt:
+        """A cross-encoder pair in the tokenizer's own pair form."""
+        trunc = self._truncation(truncate_prompt_tokens)
+        if trunc:
+            trunc["truncation"] = "only_second" if len(self.tokenizer(text_1)["input_ids"]) \
+                < trunc["max_length"] else True
+        enc = self.tokenizer(text_1, text_2, **trunc)
+        out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
+        self.check(out)
+        return out
+
+    def _types(self, enc) -> Optional[list[int]]:
+        if not self.mc.uses_token_type_ids or "token_type_ids" not in enc:
+            return None
+        return list(enc["token_type_ids"])
+
+    def check(self, prompt: TokenizedPrompt) -> None:
+        ids = prompt.prompt_token_ids
+        if not ids:
+            raise ValueError("The prompt is empty (it tokenizes to zero tokens); pass some text.")
+        if len(ids) > self.mc.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.mc.max_model_len} tokens. "
+                f"However, you requested {len(ids)} tokens in the input for pooling. Please "
+                "reduce the length of the input, or pass truncate_prompt_tokens.")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size "
+                             f"{self.vocab_size}).")

@@ -1,0 +1,174 @@
+"""LLM: the offline API (`encode`, `embed`, `classify`, `score`, `reward`)."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.llm_engine import LLMEngine
+from vllm.engine.processor import PromptType, TokenizedPrompt
+from vllm.entrypoints.score_utils import cosine_score, pair_texts
+from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
+                          PoolingRequestOutput, ScoringRequestOutput)
+from vllm.pooling_params import PoolingParams
+
+Prompts = Union[PromptType, Sequence[PromptType]]
+Params = Optional[Union[PoolingParams, Sequence[PoolingParams]]]
+
+
+class LLM:
+    """Load a pooling model and run batches of prompts through it.
+
+    Keyword arguments are vLLM's engine arguments (see `EngineArgs`); ones with no
+    meaning here are accepted and logged, unsupported ones raise ValueError.
+    """
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    # ----- public tasks ---------------------------------------------------------------
+    def encode(self, prompts: Prompts, pooling_params: Params = None,
+               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
+               pooling_task: Optional[str] = None, **kwargs: Any) -> list[PoolingRequestOutput]:
+        _refuse_extra(kwargs)
+        return self._run(prompts, pooling_params, pooling_task or "encode",
+                         truncate_prompt_tokens, use_tqdm)
+
+    def embed(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
+              use_tqdm: bool = True, pooling_params: Params = None,
+              **kwargs: Any) -> list[EmbeddingRequestOutput]:
+        _refuse_extra(kwargs)
+        outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm)
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def classify(self, prompts: Prompts, use_tqdm: bool = True,
+                 pooling_params: Params = None, truncate_prompt_tokens: Optional[int] = None,
+                 **kwargs: Any) -> list[ClassificationRequestOutput]:
+        _refuse_extra(kwargs)
+        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm)
+        return [ClassificationRequestOutput.from_base(o) for o in outs]
+
+    def reward(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
+               use_tqdm: bool = True, pooling_params: Params = None,
+               **kwargs: Any) -> list[PoolingRequestOutput]:
+        _refuse_extra(kwargs)
+        return self._run(prompts, pooling_params, "reward", truncate_prompt_tokens, use_tqdm)
+
+    def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]],
+              truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
+              pooling_params: Optional[PoolingParams] = None,
+              **kwargs: Any) -> list[ScoringRequestOutput]:
+        """Cross-encoders score each (data_1, data_2) pair; embedding models score the
+        cosine similarity of the two embeddings. Pairs: 1->1, 1->N, N->N."""
+        _refuse_extra(kwargs)
+        engine = self.llm_engine
+        engine.verify_task("score")
+        pairs = pair_texts(_texts(data_1), _texts(data_2))
+        if engine.model_config.is_cross_encoder:
+            tokenized = [engine.processor.tokenize_pair(a, b, truncate_prompt_tokens)
+                         for a, b in pairs]
+            outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
+                                       use_tqdm)
+            return [ScoringRequestOutput.from_base(o) for o in outs]
+        return self._cosine_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params)
+
+    # ----- internals -------------------------------------------------------------------
+    def _cosine_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params):
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+        embeds = self._run(texts, params, "embed", truncate_prompt_tokens, use_tqdm)
+        by_text = dict(zip(texts, embeds))
+        results = []
+        for a, b in pairs:
+            ea, eb = by_text[a], by_text[b]
+            base = PoolingRequestOutput(
+                f"{ea.request_id}_{eb.request_id}",
+                PoolingOutput(cosine_score(ea.outputs.data, eb.outputs.data)),
+                ea.prompt_token_ids + eb.prompt_token_ids, True,
+                ea.num_cached_tokens + eb.num_cached_tokens)
+            results.append(ScoringRequestOutput.from_base(base))
+        return results
+
+    def _run(self, prompts: Prompts, params: Params, task: str,
+             truncate_prompt_tokens: Optional[int], use_tqdm: bool) -> list[PoolingRequestOutput]:
+        self.llm_engine.verify_task(task)
+        prompt_list = _as_list(prompts)
+        if not prompt_list:
+            return []
+        tokenized = self.llm_engine.processor.tokenize_many(prompt_list, truncate_prompt_tokens)
+        return self._run_tokenized(tokenized, _params_list(params, len(prompt_list)), task,
+                                   use_tqdm)
+
+    def _run_tokenized(self, tokenized: list[TokenizedPrompt],
+                       params: list[Optional[PoolingParams]], task: str,
+                       use_tqdm: bool) -> list[PoolingRequestOutput]:
+        engine = self.llm_engine
+        verified = []
+        for p in params:
+            p = p.clone() if p is not None else PoolingParams()
+            p.verify(task, engine.model_config)
+            verified.append(p)
+        ids = [str(next(self._ids)) for _ in tokenized]
+        try:
+            for rid, prompt, p in zip(ids, tokenized, verified):
+                engine.add_request(rid, prompt, p)
+            return self._drain(ids, use_tqdm)
+        except BaseException:
+            engine.abort_request(ids)
+            raise
+
+    def _drain(self, ids: list[str], use_tqdm: bool) -> list[PoolingRequestOutput]:
+        done: dict[str, PoolingRequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm,
+                   dynamic_ncols=True)
+        with bar:
+            while self.llm_engine.has_unfinished_requests():
+                for out in self.llm_engine.step():
+                    done[out.request_id] = out
+                    bar.update(1)
+        return [done[i] for i in ids]
+
+
+def _as_list(prompts: Prompts) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return prompts
+
+
+def _texts(data: Union[str, Sequence[str]]) -> Union[str, list[str]]:
+    if isinstance(data, str):
+        return data
+    out = []
+    for item in data:
+        if isinstance(item, dict) and "prompt" in item:
+            item = item["prompt"]
+        if not isinstance(item, str):
+            raise ValueError("score takes text prompts (str or {'prompt': str}).")
+        out.append(item)
+    return out
+
+
+def _params_list(params: Params, n: int) -> list[Optional[PoolingParams]]:
+    if params is None or isinstance(params, PoolingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"Got {len(params)} PoolingParams for {n} prompts; pass one, or "
+                         "one per prompt.")
+    return params
+
+
+def _refuse_extra(kwargs: dict) -> None:
+    kwargs.pop("lora_request", None)
+    if kwargs.get("tokenization_kwargs") is None:
+        kwargs.pop("tokenization_kwargs", None)
+    if kwargs:
+        raise ValueError(f"Unexpected argument(s): {', '.join(sorted(kwargs))}.")

@@ -1,0 +1,138 @@
+"""The one error mapping of the server: every failure becomes
+`{"error": {"message", "type", "param", "code"}}` with `code` = the HTTP status."""
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vllm.engine.async_llm import EngineDeadError
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "PayloadTooLargeError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    """An error with its HTTP status; raised anywhere in a handler."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = int(status)
+        self.message = message
+        self.param = param
+
+
+class ClientDisconnected(APIError):
+    """The HTTP client went away before the answer was ready; its requests were aborted."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client disconnected; the request was aborted.")
+
+
+def bad_request(message: str, param: Optional[str] = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def error_body(status: int, message: str, param: Optional[str] = None) -> dict[str, Any]:
+    etype = ERROR_TYPES.get(status)
+    if etype is None:
+        etype = HTTPStatus(status).phrase.replace(" ", "") + "Error" if status in \
+            HTTPStatus._value2member_map_ else "Error"
+    return {"error": {"message": message, "type": etype, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: Optional[str] = None,
+                   headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def error_bytes(status: int, message: str, param: Optional[str] = None) -> bytes:
+    """The error body serialized, for ASGI middleware that answers on its own."""
+    return json.dumps(error_body(status, message, param)).encode()
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
+    """A short, readable message (and the offending top-level field) from pydantic errors."""
+    errors = list(exc.errors())
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "")
+            return f"Malformed JSON body: {detail}".rstrip(": "), None
+    parts: list[str] = []
+    param: Optional[str] = None
+    seen: set[str] = set()
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # Union members add their type name to the location; keep the user's field path.
+        path = ".".join(p for p in loc if not _is_type_tag(p)) or "body"
+        if param is None and loc:
+            param = loc[0]
+        if err.get("type") == "missing" and path == "body":
+            text = "The request body must be a JSON object."
+        elif err.get("type") == "model_attributes_type" and path == "body":
+            text = "The request body must be a JSON object."
+        else:
+            text = f"{path}: {err.get('msg', 'invalid value')}"
+        if text not in seen:
+            seen.add(text)
+            parts.append(text)
+    if len(parts) > 4:
+        parts = parts[:4] + [f"... ({len(parts) - 4} more)"]
+    return "Invalid request: " + "; ".join(parts), param
+
+
+def _is_type_tag(part: str) -> bool:
+    return part.startswith(("list[", "str", "int", "float", "bool", "literal[", "function-")) \
+        or part in ("constrained-int",)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every exception type to the shared error body."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"Route {request.method} {request.url.path} does not exist."
+        elif exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}."
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(503, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, exc: ValueError) -> JSONResponse:
+        return error_response(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unhandled error while serving a request")
+        return error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")

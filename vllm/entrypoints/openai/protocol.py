@@ -1,0 +1,210 @@
+"""Request and response bodies of the OpenAI-compatible server (field names as vLLM's)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+# A single prompt, a batch of prompts, one token-id list or a batch of token-id lists.
+PromptInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+# Truncation: -1 = max_model_len, k >= 1 = keep k tokens (checked against the model later).
+TruncateTokens = Optional[StrictInt]
+
+
+class OpenAIBaseModel(BaseModel):
+    """Unknown request fields are accepted and ignored, as OpenAI clients send extras."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ----- requests -------------------------------------------------------------------------
+class EmbeddingRequest(OpenAIBaseModel):
+    model: Optional[StrictStr] = None
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[StrictInt] = None
+    user: Optional[StrictStr] = None
+    truncate_prompt_tokens: TruncateTokens = None
+    add_special_tokens: StrictBool = True
+    normalize: Optional[StrictBool] = None
+    use_activation: Optional[StrictBool] = None
+
+
+class PoolingRequest(EmbeddingRequest):
+    """`/pooling`: the same fields as embeddings; the raw pooler output comes back."""
+
+    softmax: Optional[StrictBool] = None
+
+
+class ClassificationRequest(OpenAIBaseModel):
+    model: Optional[StrictStr] = None
+    input: PromptInput
+    user: Optional[StrictStr] = None
+    truncate_prompt_tokens: TruncateTokens = None
+    add_special_tokens: StrictBool = True
+    activation: Optional[StrictBool] = None
+    use_activation: Optional[StrictBool] = None
+
+
+class ScoreRequest(OpenAIBaseModel):
+    model: Optional[StrictStr] = None
+    text_1: Union[StrictStr, list[StrictStr]]
+    text_2: Union[StrictStr, list[StrictStr]]
+    truncate_prompt_tokens: TruncateTokens = None
+    activation: Optional[StrictBool] = None
+    use_activation: Optional[StrictBool] = None
+
+
+class RerankRequest(OpenAIBaseModel):
+    model: Optional[StrictStr] = None
+    query: StrictStr
+    documents: list[StrictStr]
+    top_n: StrictInt = Field(default=0, ge=0)
+    return_documents: StrictBool = True
+    truncate_prompt_tokens: TruncateTokens = None
+    activation: Optional[StrictBool] = None
+    use_activation: Optional[StrictBool] = None
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    model: Optional[StrictStr] = None
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: Optional[StrictStr] = None
+    tokens: list[StrictInt]
+
+
+# ----- responses ------------------------------------------------------------------------
+def _now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: Optional[Any] = None
+    completion_tokens_details: Optional[Any] = None
+
+    @classmethod
+    def of(cls, prompt_tokens: int) -> "UsageInfo":
+        return cls(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
+
+
+class _ListResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=_now)
+    model: str
+    usage: UsageInfo
+
+
+class EmbeddingResponseData(BaseModel):
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: Union[list[float], str]
+
+
+class EmbeddingResponse(_ListResponse):
+    data: list[EmbeddingResponseData]
+
+
+class PoolingResponseData(BaseModel):
+    index: int
+    object: Literal["pooling"] = "pooling"
+    data: Union[list[Any], float, str]
+
+
+class PoolingResponse(_ListResponse):
+    data: list[PoolingResponseData]
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: Optional[str]
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(_ListResponse):
+    data: list[ClassificationData]
+
+
+class ScoreResponseData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(_ListResponse):
+    data: list[ScoreResponseData]
+
+
+class RerankDocument(BaseModel):
+    text: str
+    multi_modal: Optional[Any] = None
+
+
+class RerankResult(BaseModel):
+    index: int
+    document: Optional[RerankDocument] = None
+    relevance_score: float
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class ModelPermission(BaseModel):
+    id: str
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=_now)
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: Optional[str] = None
+    is_blocking: bool = False
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "vllm"
+    root: Optional[str] = None
+    parent: Optional[str] = None
+    max_model_len: Optional[int] = None
+    permission: list[ModelPermission] = Field(default_factory=list)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,198 @@
+"""What every route family shares: the engine handle, model-name checks, route gating,
+request ids, input normalisation, and running a batch of prompts with abort-on-disconnect."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, Optional, Sequence, Union
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from vllm.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
+from vllm.pooling_params import PoolingParams
+
+# Which engine task each pooling route needs; the other routes work for every model.
+ROUTE_TASKS: dict[str, tuple[str, ...]] = {
+    "/v1/embeddings": ("embed",),
+    "/pooling": ("encode", "reward"),
+    "/classify": ("classify",),
+    "/score": ("score",),
+    "/v1/score": ("score",),
+    "/rerank": ("score",),
+    "/v1/rerank": ("score",),
+    "/v2/rerank": ("score",),
+}
+COMMON_ROUTES = ("POST /tokenize", "POST /detokenize", "GET /v1/models", "GET /health",
+                 "GET /version", "GET /metrics")
+
+
+def json_response(body: BaseModel) -> JSONResponse:
+    """Serialize a response model straight to JSON (no per-float re-encoding)."""
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+class ServingContext:
+    """The state every serving module reads: the engine and the names it is served under."""
+
+    def __init__(self, engine: Any, served_model_names: Sequence[str],
+                 metrics: Any = None) -> None:
+        self._engine = engine
+        self.served_model_names = list(served_model_names)
+        self.metrics = metrics
+
+    # ----- engine and model -------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        """The AsyncLLM, or a 503 when it is not ready or no longer alive."""
+        engine = self._engine
+        if engine is None:
+            raise APIError(503, "The engine is not ready yet; retry shortly.")
+        if not engine.is_alive:
+            raise APIError(503, str(engine.dead_error))
+        return engine
+
+    @property
+    def has_engine(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def model_config(self) -> Any:
+        return self.engine.model_config
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, name: Optional[str]) -> str:
+        """The model name to answer with; 404 when the client asked for another model."""
+        if name is None or name == "" or name in self.served_model_names:
+            return name or self.model_name
+        raise APIError(404, f"The model `{name}` does not exist. This server serves: "
+                       f"{', '.join(self.served_model_names)}.", "model")
+
+    def served_routes(self) -> list[str]:
+        tasks = set(self.model_config.supported_tasks)
+        pooling = [f"POST {route}" for route, needs in ROUTE_TASKS.items()
+                   if tasks.intersection(needs)]
+        return pooling + list(COMMON_ROUTES)
+
+    def task_for(self, route: str) -> str:
+        """The engine task that serves `route`, or a 404 naming the routes that work."""
+        supported = self.model_config.supported_tasks
+        for task in ROUTE_TASKS[route]:
+            if task in supported:
+                return task
+        raise APIError(
+            404, f"The model `{self.model_name}` cannot serve {route} (it needs the "
+            f"{' or '.join(ROUTE_TASKS[route])} task; the model supports "
+            f"{', '.join(supported)}). The routes this model serves: "
+            f"{', '.join(self.served_routes())}.")
+
+    def route_guard(self, route: str) -> Any:
+        """A dependency that answers 503/404 before the body is validated."""
+        def guard() -> str:
+            return self.task_for(route)
+        return Depends(guard)
+
+    def make_params(self, task: str, **fields: Any) -> PoolingParams:
+        """PoolingParams for `task`, validated now so a bad parameter is a 400 up front."""
+        params = PoolingParams(**{k: v for k, v in fields.items() if v is not None})
+        try:
+            params.clone().verify(task, self.model_config)
+        except ValueError as exc:
+            wrong = [k for k, v in fields.items() if v is not None and k in str(exc)]
+            raise bad_request(str(exc), wrong[0] if wrong else None) from exc
+        params.task = task
+        return params
+
+    # ----- ids ------------------------------------------------------------------------
+    @staticmethod
+    def response_id(request: Request, prefix: str) -> str:
+        """`prefix-<X-Request-Id>` when the client sent one, else `prefix-<random>`."""
+        given = request.headers.get("x-request-id")
+        return f"{prefix}-{given}" if given else f"{prefix}-{uuid.uuid4().hex}"
+
+    # ----- inputs ---------------------------------------------------------------------
+    def check_truncation(self, truncate: Optional[int]) -> Optional[int]:
+        if truncate is None:
+            return None
+        if truncate == -1:
+            return self.model_config.max_model_len
+        if truncate < 1:
+            raise bad_request("truncate_prompt_tokens must be -1 (= max_model_len) or a "
+                              f"positive number of tokens; got {truncate}.",
+                              "truncate_prompt_tokens")
+        return truncate
+
+    @staticmethod
+    def input_prompts(value: Union[str, list], param: str = "input") -> list[Any]:
+        """A str, [str], [int] or [[int]] as a list of engine prompts."""
+        if isinstance(value, str):
+            return [value]
+        if len(value) == 0:
+            raise bad_request(f"`{param}` must not be an empty list.", param)
+        if isinstance(value[0], int):
+            return [{"prompt_token_ids": list(value)}]
+        if isinstance(value[0], list):
+            return [{"prompt_token_ids": ids} for ids in value]
+        return list(value)
+
+    async def tokenize(self, prompts: Sequence[Any], truncate: Optional[int],
+                       add_special_tokens: bool = True, param: str = "input") -> list[Any]:
+        try:
+            return await self.engine.tokenize_prompts(
+                prompts, truncate_prompt_tokens=self.check_truncation(truncate),
+                add_special_tokens=add_special_tokens)
+        except ValueError as exc:
+            raise bad_request(str(exc), param) from exc
+
+    async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
+                             truncate: Optional[int]) -> list[Any]:
+        try:
+            return await self.engine.tokenize_pairs(
+                pairs, truncate_prompt_tokens=self.check_truncation(truncate))
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+
+    # ----- running --------------------------------------------------------------------
+    async def run(self, request: Request, prompts: Sequence[Any], params: PoolingParams,
+                  base_id: str) -> list[Any]:
+        """Send every prompt to the engine at once (they share steps); return the outputs
+        in prompt order. A client disconnect or a failure aborts all of them."""
+        engine = self.engine
+        start = time.perf_counter()
+        tasks = [asyncio.ensure_future(engine.encode(p, params.clone(), f"{base_id}-{i}"))
+                 for i, p in enumerate(prompts)]
+        watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+        try:
+            waiting: set[asyncio.Future] = set(tasks) | {watcher}
+            while len(waiting) > 1:
+                done, waiting = await asyncio.wait(waiting,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if watcher in done:
+                    raise ClientDisconnected()
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()
+            outputs = [t.result() for t in tasks]
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+        finally:
+            watcher.cancel()
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+        if self.metrics is not None:
+            self.metrics.observe_engine_latency(time.perf_counter() - start)
+        return outputs
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Return once the client has disconnected (the body has already been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

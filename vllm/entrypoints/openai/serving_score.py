@@ -1,0 +1,130 @@
+"""POST /score, /v1/score, /rerank, /v1/rerank, /v2/rerank.
+
+Cross-encoders score each (text_1, text_2) pair in the tokenizer's pair form; embedding
+models embed each text once and score by cosine similarity, so a query shared by N
+documents is computed (and counted in usage) once.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from vllm.entrypoints.openai.errors import bad_request
+from vllm.entrypoints.openai.protocol import (RerankDocument, RerankRequest, RerankResponse,
+                                              RerankResult, RerankUsage, ScoreRequest,
+                                              ScoreResponse, ScoreResponseData, UsageInfo)
+from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
+from vllm.entrypoints.openai.serving_pooling import prompt_tokens
+
+
+def pair_up(text_1: list[str], text_2: list[str]) -> list[tuple[int, int]]:
+    """Index pairs for 1→1, 1→N (first text repeated) and N→N; anything else is a 400."""
+    if not text_1:
+        raise bad_request("text_1 must not be empty.", "text_1")
+    if not text_2:
+        raise bad_request("text_2 must not be empty.", "text_2")
+    if len(text_1) == 1:
+        return [(0, j) for j in range(len(text_2))]
+    if len(text_1) != len(text_2):
+        raise bad_request(f"text_1 has {len(text_1)} items and text_2 has {len(text_2)}; give "
+                          "one text_1 for any number of text_2, or lists of equal length.",
+                          "text_2")
+    return [(i, i) for i in range(len(text_1))]
+
+
+class ServingScores:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def _scores(self, http: Request, route: str, text_1: list[str], text_2: list[str],
+                      truncate: Optional[int], activation: Optional[bool],
+                      use_activation: Optional[bool], base_id: str) -> tuple[list[float], int]:
+        """Scores in pair order, plus the prompt tokens processed."""
+        ctx = self.ctx
+        ctx.task_for(route)
+        pairs = pair_up(text_1, text_2)
+        if ctx.model_config.is_cross_encoder:
+            params = ctx.make_params("score", activation=activation,
+                                     use_activation=use_activation)
+            prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
+                                               truncate)
+            outputs = await ctx.run(http, prompts, params, base_id)
+            scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
+            return scores, prompt_tokens(outputs)
+        if activation is not None or use_activation is not None:
+            raise bad_request("activation only applies to cross-encoder models; this model "
+                              "scores by cosine similarity of embeddings.", "activation")
+        params = ctx.make_params("embed")
+        prompts = await ctx.tokenize(text_1 + text_2, truncate, param="text_1")
+        outputs = await ctx.run(http, prompts, params, base_id)
+        first, second = outputs[:len(text_1)], outputs[len(text_1):]
+        scores = [float(torch.nn.functional.cosine_similarity(
+            first[i].outputs.data.reshape(-1).float(), second[j].outputs.data.reshape(-1).float(),
+            dim=0)) for i, j in pairs]
+        return scores, prompt_tokens(outputs)
+
+    async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:
+        model = self.ctx.check_model(body.model)
+        text_1 = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
+        text_2 = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
+        rid = self.ctx.response_id(http, "score")
+        scores, tokens = await self._scores(http, route, text_1, text_2,
+                                            body.truncate_prompt_tokens, body.activation,
+                                            body.use_activation, rid)
+        return ScoreResponse(id=rid, model=model, usage=UsageInfo.of(tokens),
+                             data=[ScoreResponseData(index=i, score=s)
+                                   for i, s in enumerate(scores)])
+
+    async def rerank(self, body: RerankRequest, http: Request, route: str) -> RerankResponse:
+        model = self.ctx.check_model(body.model)
+        if not body.documents:
+            raise bad_request("documents must not be empty.", "documents")
+        rid = self.ctx.response_id(http, "rerank")
+        scores, tokens = await self._scores(http, route, [body.query], list(body.documents),
+                                            body.truncate_prompt_tokens, body.activation,
+                                            body.use_activation, rid)
+        order = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
+        if 0 < body.top_n < len(order):
+            order = order[:body.top_n]
+        results = [RerankResult(
+            index=k, relevance_score=scores[k],
+            document=RerankDocument(text=body.documents[k]) if body.return_documents else None)
+            for k in order]
+        return RerankResponse(id=rid, model=model, results=results,
+                              usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens))
+
+
+def _without_document_when_absent(response: RerankResponse) -> dict[str, Any]:
+    """`return_documents: false` leaves the `document` key out entirely."""
+    data = response.model_dump(mode="json")
+    for result in data["results"]:
+        if result["document"] is None:
+            del result["document"]
+    return data
+
+
+def make_router(serving: ServingScores) -> APIRouter:
+    router = APIRouter()
+    guard = serving.ctx.route_guard
+
+    def score_endpoint(route: str):
+        async def create_score(body: ScoreRequest, request: Request) -> Any:
+            return json_response(await serving.score(body, request, route))
+        return create_score
+
+    def rerank_endpoint(route: str):
+        async def create_rerank(body: RerankRequest, request: Request) -> Any:
+            return JSONResponse(_without_document_when_absent(
+                await serving.rerank(body, request, route)))
+        return create_rerank
+
+    for route in ("/score", "/v1/score"):
+        router.add_api_route(route, score_endpoint(route), methods=["POST"],
+                             dependencies=[guard(route)], name=f"score{route.replace('/', '_')}")
+    for route in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        router.add_api_route(route, rerank_endpoint(route), methods=["POST"],
+                             dependencies=[guard(route)], name=f"rerank{route.replace('/', '_')}")
+    return router

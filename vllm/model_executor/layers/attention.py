@@ -1,0 +1,61 @@
+"""Attention over a flat, padding-free batch, with an optional paged KV cache.
+
+Causal layers write the new tokens' K/V into their cache slots first, then attend from the
+n new queries over the request's k cached + n new keys. Writing every new token of the
+step before any request reads means requests that share a prefix inside one step read
+blocks that are already written. Bidirectional layers keep no cache and see exactly
+their request's own tokens.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.attention_metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int,
+                 scale: Optional[float] = None) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale if scale is not None else head_dim ** -0.5
+        # [2, num_slots, num_kv_heads, head_dim], bound by the model runner (None: no cache).
+        self.kv_cache: Optional[torch.Tensor] = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, Hq*D], k/v: [T, Hkv*D] -> [T, Hq*D]."""
+        t = q.shape[0]
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.kv_cache is not None and meta.slot_mapping is not None:
+            self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
+            self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        if meta.num_reqs == 1 and not meta.reads_cache:
+            out = self._sdpa(q[None], k[None], v[None], None, meta.causal)
+            return out[0].reshape(t, -1)
+        qp = q[meta.query_index]                                   # [B, Lq, Hq, D]
+        if meta.reads_cache:
+            kp = self.kv_cache[0][meta.key_slots]                  # [B, Lk, Hkv, D]
+            vp = self.kv_cache[1][meta.key_slots]
+        else:
+            kp = k[meta.query_index]
+            vp = v[meta.query_index]
+        out = self._sdpa(qp, kp, vp, meta.attn_mask, False)        # [B, Lq, Hq, D]
+        return out[meta.query_valid].reshape(t, -1)
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """[B, L, H, D] tensors in, [B, Lq, Hq, D] out."""
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+            is_causal=is_causal and mask is None, scale=self.scale,
+            enable_gqa=self.num_kv_heads != self.num_heads)
+        return out.transpose(1, 2)

@@ -1,0 +1,118 @@
+"""Pooling (LAST, CLS, MEAN, ALL, STEP) and the per-task heads applied after it.
+
+The pooler runs only for requests whose final prompt token was computed in this step.
+CLS/MEAN/ALL/STEP need every token in the step (the gate keeps chunking and caching off
+for them); LAST needs only the final token, which is always computed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm.pooling_params import PoolingParams
+
+_VECTOR_POOLING = ("LAST", "CLS", "MEAN")
+
+
+@dataclass
+class PoolingSlice:
+    """Where one finishing request's tokens sit in the step's flat hidden states."""
+
+    start: int
+    num_new: int
+    num_computed: int
+    token_ids: list[int]
+    params: PoolingParams
+
+
+class Pooler:
+    def __init__(self, pooling_type: str, model, score_activation: str) -> None:
+        self.pooling_type = pooling_type
+        self.head = model.head
+        self.dense = list(model.dense)
+        self.score_activation = score_activation
+
+    def __call__(self, hidden: torch.Tensor, slices: list[PoolingSlice]) -> list[torch.Tensor]:
+        """Pool and post-process; returns one float32 CPU tensor per slice."""
+        if not slices:
+            return []
+        if self.pooling_type in _VECTOR_POOLING:
+            return self._vectors(hidden, slices)
+        return [self._token_rows(hidden, s) for s in slices]
+
+    # ----- one vector per request ----------------------------------------------------
+    def _vectors(self, hidden: torch.Tensor, slices: list[PoolingSlice]) -> list[torch.Tensor]:
+        pooled = torch.stack([self._pool_one(hidden, s) for s in slices]) \
+            if self.pooling_type == "MEAN" else hidden[self._row_index(slices, hidden.device)]
+        tasks = {s.params.task for s in slices}
+        if self.head is not None and tasks & {"classify", "score", "encode", "reward"}:
+            pooled = self.head(pooled)
+        elif self.dense and "embed" in tasks:
+            for layer in self.dense:
+                pooled = layer(pooled)
+        pooled = pooled.float()
+        return [self._post(pooled[i], s.params).cpu() for i, s in enumerate(slices)]
+
+    def _row_index(self, slices: list[PoolingSlice], device) -> torch.Tensor:
+        if self.pooling_type == "LAST":
+            rows = [s.start + s.num_new - 1 for s in slices]
+        else:
+            for s in slices:
+                _require_whole(s, "CLS")
+            rows = [s.start for s in slices]
+        return torch.tensor(rows, device=device)
+
+    def _pool_one(self, hidden: torch.Tensor, s: PoolingSlice) -> torch.Tensor:
+        _require_whole(s, "MEAN")
+        return hidden[s.start: s.start + s.num_new].float().mean(0).to(hidden.dtype)
+
+    def _post(self, vec: torch.Tensor, p: PoolingParams) -> torch.Tensor:
+        if p.task == "embed":
+            if p.dimensions is not None:
+                vec = vec[: p.dimensions]
+            return F.normalize(vec, dim=-1) if p.normalize else vec
+        if p.task == "classify":
+            return _label_activation(vec) if p.activation else vec
+        if p.task == "score":
+            return _apply(self.score_activation, vec) if p.activation else vec
+        return F.softmax(vec, dim=-1) if p.softmax else vec
+
+    # ----- one row per token (ALL, STEP) ---------------------------------------------
+    def _token_rows(self, hidden: torch.Tensor, s: PoolingSlice) -> torch.Tensor:
+        _require_whole(s, self.pooling_type)
+        rows = hidden[s.start: s.start + s.num_new]
+        if self.head is not None:
+            rows = self.head(rows)
+        rows = rows.float()
+        p = s.params
+        if p.softmax:
+            rows = F.softmax(rows, dim=-1)
+        if self.pooling_type == "STEP":
+            if p.step_tag_id is not None:
+                ids = torch.tensor(s.token_ids, device=rows.device)
+                rows = rows[ids == p.step_tag_id]
+            if p.returned_token_ids:
+                rows = rows[:, p.returned_token_ids]
+        return rows.cpu()
+
+
+def _require_whole(s: PoolingSlice, kind: str) -> None:
+    if s.num_computed != 0 or s.num_new != len(s.token_ids):
+        raise RuntimeError(f"{kind} pooling needs the whole prompt in one step; chunked "
+                           "prefill / prefix caching must be off for this model")
+
+
+def _label_activation(logits: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(logits) if logits.shape[-1] == 1 else F.softmax(logits, dim=-1)
+
+
+def _apply(name: str, x: torch.Tensor) -> torch.Tensor:
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "softmax":
+        return F.softmax(x, dim=-1)
+    if name == "tanh":
+        return torch.tanh(x)
+    return x

@@ -1,0 +1,135 @@
+"""Build the served model from a ModelConfig and load its checkpoint."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from vllm.config.model import ModelConfig
+from vllm.logger import init_logger
+from vllm.model_executor.models.adapters import DenseLayer, RewardHead
+from vllm.model_executor.models.registry import load_model_class
+from vllm.model_executor.weight_utils import iterate_weights
+
+logger = init_logger(__name__)
+
+
+class PoolingModel(nn.Module):
+    """The backbone (`model`), an optional task head (`head`) and sentence-transformers
+    Dense layers (`dense`). The pooler applies `head` / `dense` after pooling."""
+
+    def __init__(self, model: nn.Module, head: Optional[nn.Module],
+                 dense: list[DenseLayer]) -> None:
+        super().__init__()
+        self.model = model
+        self.head = head
+        self.dense = nn.ModuleList(dense)
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        return self.model(*args, **kwargs)
+
+
+def build_model(mc: ModelConfig) -> PoolingModel:
+    """Instantiate the backbone + head for `mc`, load weights, move to device/dtype."""
+    cls = load_model_class(mc.arch.base)
+    names = {name for name, _ in _names_only(mc)}
+    with torch.device("cpu"):
+        backbone = cls(mc.hf_config)
+        head = _build_head(mc, cls, names)
+        dense = [DenseLayer(s) for s in mc.st_config.dense] \
+            if (mc.st_config is not None and mc.convert == "embed") else []
+    model = PoolingModel(backbone, head, dense)
+    _load(mc, model)
+    for layer in dense:
+        layer.load()
+    model.to(device=mc.device, dtype=mc.dtype).eval()
+    model.requires_grad_(False)
+    logger.info("Loaded %s (%s backbone, head: %s) in %s on %s", mc.architecture,
+                cls.__name__, type(head).__name__ if head is not None else "none",
+                str(mc.dtype).replace("torch.", ""), mc.device)
+    return model
+
+
+def _names_only(mc: ModelConfig):
+    from safetensors import safe_open
+
+    from vllm.model_executor.weight_utils import checkpoint_files
+    for file in checkpoint_files(mc.path):
+        if file.suffix == ".safetensors":
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, None
+        else:
+            yield from ((n, None) for n in torch.load(file, map_location="cpu",
+                                                      weights_only=True))
+
+
+def _build_head(mc: ModelConfig, cls, names: set[str]) -> Optional[nn.Module]:
+    if mc.convert == "classify":
+        return cls.build_classifier(mc.hf_config, mc.num_labels, names)
+    if mc.convert == "reward":
+        return RewardHead(mc.hf_config.hidden_size, mc.num_labels)
+    return None
+
+
+def _load(mc: ModelConfig, model: PoolingModel) -> None:
+    backbone, head = model.model, model.head
+    head_params = dict(head.named_parameters()) if head is not None else {}
+    from_token = getattr(mc.hf_config, "classifier_from_token", None)
+    prefix = backbone.weight_prefix
+    loaded_head: set[str] = set()
+    lm_head: Optional[torch.Tensor] = None
+
+    def backbone_weights():
+        nonlocal lm_head
+        for name, tensor in iterate_weights(mc.path):
+            if name in head_params:
+                head_params[name].data.copy_(tensor)
+                loaded_head.add(name)
+                continue
+            stripped = name[len(prefix):] if name.startswith(prefix) else name
+            if stripped == "lm_head.weight" or name == "lm_head.weight":
+                lm_head = tensor
+            if backbone.skip_weight(stripped):
+                continue
+            yield stripped, tensor
+
+    loaded = backbone.load_weights(backbone_weights())
+    missing = set(dict(backbone.named_parameters())) - loaded
+    if "embed_tokens.weight" in loaded and lm_head is None:
+        lm_head = backbone.embed_tokens.weight.data
+    if missing:
+        raise ValueError(f"Checkpoint {mc.path} is missing weights for: {sorted(missing)[:8]}")
+    if head is None:
+        return
+    if from_token:
+        _head_from_tokens(mc, head, lm_head, from_token)
+        return
+    missing_head = set(head_params) - loaded_head
+    if missing_head:
+        raise ValueError(f"Checkpoint {mc.path} has no weights for the {mc.convert} head: "
+                         f"{sorted(missing_head)}. Is this checkpoint a {mc.convert} model?")
+
+
+def _head_from_tokens(mc: ModelConfig, head: nn.Module, lm_head: Optional[torch.Tensor],
+                      tokens: list[str]) -> None:
+    """Qwen3-Reranker style: the score rows are lm_head rows of the given tokens; the
+    original reranker's single label is yes - no, so sigmoid(score) = P(yes | yes, no)."""
+    from transformers import AutoTokenizer
+    if lm_head is None:
+        raise ValueError("classifier_from_token needs the checkpoint's lm_head weights")
+    tok = AutoTokenizer.from_pretrained(mc.tokenizer)
+    ids = []
+    for t in tokens:
+        tid = tok.convert_tokens_to_ids(t)
+        if tid is None or tid == tok.unk_token_id:
+            raise ValueError(f"classifier_from_token: token {t!r} is not in the vocabulary")
+        ids.append(tid)
+    rows = lm_head[ids].float()
+    if getattr(mc.hf_config, "is_original_qwen3_reranker", False):
+        if len(tokens) != 2:
+            raise ValueError("is_original_qwen3_reranker needs exactly two tokens [no, yes]")
+        rows = (rows[1] - rows[0])[None]
+    head.score.weight.data.copy_(rows)
+    logger.info("Built the score head from lm_head rows of tokens %s", tokens)

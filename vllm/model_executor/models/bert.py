@@ -1,0 +1,173 @@
+"""BERT encoder (bidirectional) and its sequence-classification head."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.weight_utils import copy_param, copy_shard
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+_QKV = {"query": 0, "key": 1, "value": 2}
+
+
+def get_activation(name: str):
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act {name!r} is not supported (supported: "
+                         f"{', '.join(_ACTIVATIONS)})")
+    return _ACTIVATIONS[name]
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config, position_offset: int = 0) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.position_offset = position_offset
+        self.word_embeddings = nn.Embedding(config.vocab_size, h)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
+        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), h)
+        self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                token_type_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        x = self.word_embeddings(input_ids)
+        x = x + self.position_embeddings(positions + self.position_offset)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.LayerNorm(x)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = h // self.num_heads
+        self.shard_sizes = [h, h, h]
+        self.qkv = nn.Linear(h, 3 * h)
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_heads)
+        self.attn_out = nn.Linear(h, h)
+        self.attn_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(h, i)
+        self.act = get_activation(config.hidden_act)
+        self.out = nn.Linear(i, h)
+        self.out_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(self.shard_sizes, dim=-1)
+        x = self.attn_norm(x + self.attn_out(self.attn(q, k.contiguous(), v.contiguous(),
+                                                       meta)))
+        return self.out_norm(x + self.out(self.act(self.intermediate(x))))
+
+
+# HF sub-names -> ours, inside one encoder layer.
+_LAYER_NAMES = {
+    "attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "intermediate", "output.dense": "out",
+    "output.LayerNorm": "out_norm",
+}
+
+
+class BertModel(nn.Module):
+    """forward(input_ids[T], positions[T], meta, token_type_ids) -> hidden_states[T, H]."""
+
+    default_pooling_type = "CLS"
+    is_causal = False
+    weight_prefix = "bert."
+    position_offset = 0
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config, self._position_offset(config))
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def _position_offset(self, config) -> int:
+        return self.position_offset
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.attn for layer in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata,
+                token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.embeddings(input_ids, positions, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, meta)
+        return x
+
+    @staticmethod
+    def skip_weight(name: str) -> bool:
+        """Checkpoint tensors the backbone does not use (buffers, the unused pooler)."""
+        return name.endswith("position_ids") or name.startswith("pooler.")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+                "LayerNorm.beta", "LayerNorm.bias")
+            pname, shard = _map_bert_name(name)
+            if pname not in params:
+                raise ValueError(f"checkpoint weight {name!r} has no place in "
+                                 f"{type(self).__name__}")
+            if shard is None:
+                copy_param(params[pname], tensor, name)
+            else:
+                copy_shard(params[pname], [self.config.hidden_size] * 3, shard, tensor)
+            loaded.add(pname)
+        return loaded
+
+
+def _map_bert_name(name: str) -> tuple[str, Optional[int]]:
+    if not name.startswith("encoder.layer."):
+        return name, None
+    rest = name[len("encoder.layer."):]
+    idx, sub = rest.split(".", 1)
+    if sub.startswith("attention.self."):
+        which, kind = sub[len("attention.self."):].split(".", 1)
+        return f"layers.{idx}.qkv.{kind}", _QKV[which]
+    module, kind = sub.rsplit(".", 1)
+    return f"layers.{idx}.{_LAYER_NAMES.get(module, module)}.{kind}", None
+
+
+class _BertPooler(nn.Module):
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+
+class BertClassifierHead(nn.Module):
+    """BERT's sequence-classification head on the CLS state: pooler dense + tanh, then
+    the classifier. Parameter names equal the checkpoint's (after the `bert.` prefix)."""
+
+    def __init__(self, config, num_labels: int) -> None:
+        super().__init__()
+        self.pooler = _BertPooler(config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.tanh(self.pooler.dense(pooled)))
+
+
+class BertForSequenceClassification(BertModel):
+    """The BERT backbone; its classifier head is built by `build_classifier`."""
+
+    @staticmethod
+    def skip_weight(name: str) -> bool:
+        return name.endswith("position_ids")
+
+    @staticmethod
+    def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
+        return BertClassifierHead(config, num_labels)

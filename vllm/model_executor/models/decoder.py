@@ -1,0 +1,148 @@
+"""One causal decoder implementation for the Llama family (Llama, Mistral, Qwen2, Qwen3).
+
+The families differ only in switches read from the config: QKV bias (Qwen2), per-head
+QK RMSNorm (Qwen3), explicit head_dim, and rope settings. A `is_causal: false` config
+(LLM2Vec-style encoders such as gte-Qwen2) runs the same weights bidirectionally.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.norm import RMSNorm
+from vllm.model_executor.layers.rotary import RotaryEmbedding, rope_parameters
+from vllm.model_executor.weight_utils import copy_param, copy_shard
+
+_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.shard_sizes = [self.q_size, self.kv_size, self.kv_size]
+        self.qkv_proj = nn.Linear(h, sum(self.shard_sizes), bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, h, bias=False)
+        eps = getattr(config, "rms_norm_eps", 1e-6)
+        self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
+        self.rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings,
+                                      rope_parameters(config))
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v.contiguous(), meta)
+        return self.o_proj(out)
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.shard_sizes = [i, i]
+        self.gate_up_proj = nn.Linear(h, 2 * i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported for decoder models (silu)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        eps = getattr(config, "rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.self_attn = DecoderAttention(config, qkv_bias, qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.mlp = DecoderMLP(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """forward(input_ids[T], positions[T], meta) -> hidden_states[T, H] (final norm applied)."""
+
+    default_pooling_type = "LAST"
+    is_causal = True
+    qkv_bias = False
+    qk_norm = False
+    weight_prefix = "model."
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        qkv_bias = self.qkv_bias or bool(getattr(config, "attention_bias", False))
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, self.qk_norm)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6))
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata,
+                token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, meta)
+        return self.norm(x)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load backbone tensors named as in HF (prefix already stripped); returns the
+        names of the parameters that were set."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            parts = name.split(".")
+            fused = next(((i, _FUSED[p]) for i, p in enumerate(parts) if p in _FUSED), None)
+            if fused is not None:
+                i, (target, shard) = fused
+                pname = ".".join(parts[:i] + [target] + parts[i + 1:])
+                module = self.get_submodule(".".join(parts[:i - 1] + [parts[i - 1]]))
+                copy_shard(params[pname], module.shard_sizes, shard, tensor)
+            else:
+                if name not in params:
+                    raise ValueError(f"checkpoint weight {name!r} has no place in "
+                                     f"{type(self).__name__}")
+                pname = name
+                copy_param(params[pname], tensor, name)
+            loaded.add(pname)
+        return loaded
+
+    @staticmethod
+    def skip_weight(name: str) -> bool:
+        return name.startswith("lm_head.") or "rotary_emb.inv_freq" in name
+
+    @staticmethod
+    def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
+        from vllm.model_executor.models.adapters import ScoreHead
+        return ScoreHead(config.hidden_size, num_labels, bias="score.bias" in names)

@@ -1,0 +1,113 @@
+"""Architecture name -> (module, class, default pooling type, convert kind).
+
+This table imports no torch, so the config layer can resolve pooling defaults without
+loading model code. `load_model_class` imports the module only when a model is built.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    module: str           # under vllm.model_executor.models
+    class_name: str
+    default_pooling_type: str  # the class's `default_pooling_type`
+    convert: str          # what the class natively does: embed | classify | reward
+    is_causal: bool       # causal (decoder) attention?
+
+
+_DECODERS = {"Qwen2": "qwen2", "Qwen3": "qwen3", "Llama": "llama", "Mistral": "llama"}
+
+_REGISTRY: dict[str, ModelEntry] = {
+    "BertModel": ModelEntry("bert", "BertModel", "CLS", "embed", False),
+    "BertForSequenceClassification":
+        ModelEntry("bert", "BertForSequenceClassification", "CLS", "classify", False),
+    "RobertaModel": ModelEntry("roberta", "RobertaModel", "CLS", "embed", False),
+    "RobertaForSequenceClassification":
+        ModelEntry("roberta", "RobertaForSequenceClassification", "CLS", "classify", False),
+    "XLMRobertaModel": ModelEntry("roberta", "RobertaModel", "CLS", "embed", False),
+    "XLMRobertaForSequenceClassification":
+        ModelEntry("roberta", "RobertaForSequenceClassification", "CLS", "classify", False),
+}
+for _prefix, _module in _DECODERS.items():
+    _cls = {"Qwen2": "Qwen2Model", "Qwen3": "Qwen3Model", "Llama": "LlamaModel",
+            "Mistral": "LlamaModel"}[_prefix]
+    _REGISTRY[f"{_prefix}ForCausalLM"] = ModelEntry(_module, _cls, "LAST", "embed", True)
+    _REGISTRY[f"{_prefix}Model"] = ModelEntry(_module, _cls, "LAST", "embed", True)
+
+# Suffixes that an unregistered architecture may carry on top of a registered causal base.
+_ADAPTER_SUFFIXES = {
+    "ForSequenceClassification": ("classify", "LAST"),
+    "ForProcessRewardModel": ("reward", "STEP"),
+    "ForRewardModel": ("reward", "ALL"),
+    "ForRewardModeling": ("reward", "ALL"),
+    "RewardModel": ("reward", "ALL"),
+    "ForTextEncoding": ("embed", "LAST"),
+    "EmbeddingModel": ("embed", "LAST"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedArch:
+    """A served architecture: the base class to build plus the adapter (if any) on top."""
+
+    architecture: str
+    base: ModelEntry
+    adapter: Optional[str]   # None | "classify" | "reward" | "embed"
+    default_pooling_type: str
+    native_convert: str
+
+
+def supported_architectures() -> list[str]:
+    names = set(_REGISTRY)
+    for prefix in _DECODERS:
+        names.update(f"{prefix}{suffix}" for suffix in
+                     ("ForSequenceClassification", "ForRewardModel", "ForProcessRewardModel"))
+    return sorted(names)
+
+
+def resolve_architecture(arch: str) -> ResolvedArch:
+    """Find how to serve `arch`; raise ValueError listing the supported ones."""
+    if arch in _REGISTRY:
+        e = _REGISTRY[arch]
+        return ResolvedArch(arch, e, None, e.default_pooling_type, e.convert)
+    for suffix, (convert, pooling) in _ADAPTER_SUFFIXES.items():
+        if not arch.endswith(suffix):
+            continue
+        prefix = arch[: -len(suffix)]
+        for base_name in (f"{prefix}ForCausalLM", f"{prefix}Model"):
+            base = _REGISTRY.get(base_name)
+            if base is not None and base.is_causal:
+                return ResolvedArch(arch, base, convert, pooling, convert)
+    raise ValueError(
+        f"Model architecture {arch!r} is not supported. Supported architectures: "
+        f"{', '.join(supported_architectures())} (and any registered causal LM with a "
+        f"ForSequenceClassification / ForRewardModel suffix).")
+
+
+def convert_architecture(arch: ResolvedArch, convert: str) -> ResolvedArch:
+    """Serve `arch` for another task: a causal base gets the task's adapter head; an
+    encoder classifier may only be served as its bare `*Model` for embeddings."""
+    if convert == arch.native_convert:
+        return arch
+    name = arch.architecture
+    if arch.base.is_causal:
+        adapter = None if convert == "embed" else convert
+        pooling = {"embed": "LAST", "classify": "LAST", "reward": "ALL"}[convert]
+        return ResolvedArch(name, arch.base, adapter, pooling, convert)
+    prefix = name.split("For", 1)[0] if "For" in name else name[: -len("Model")]
+    bare = _REGISTRY.get(f"{prefix}Model")
+    if convert != "embed" or bare is None:
+        raise ValueError(f"{name} is an encoder model and cannot be converted to "
+                         f"{convert!r}; it can be served as its native "
+                         f"{arch.native_convert!r} task" +
+                         (" or with convert='embed'." if bare is not None else "."))
+    return ResolvedArch(name, bare, None, bare.default_pooling_type, "embed")
+
+
+def load_model_class(entry: ModelEntry):
+    module = importlib.import_module(f"vllm.model_executor.models.{entry.module}")
+    return getattr(module, entry.class_name)

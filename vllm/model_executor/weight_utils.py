@@ -1,0 +1,52 @@
+"""Reading checkpoint tensors (safetensors, sharded or not; torch .bin as a fallback)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        with open(index) as f:
+            return sorted({path / name for name in json.load(f)["weight_map"].values()})
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    files = sorted(path.glob("pytorch_model*.bin"))
+    if files:
+        return files
+    raise ValueError(f"No model weights (*.safetensors or pytorch_model*.bin) found in {path}.")
+
+
+def iterate_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every tensor of the checkpoint at `path`."""
+    for file in checkpoint_files(path):
+        if file.suffix == ".safetensors":
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+            yield from state.items()
+
+
+def copy_shard(param: torch.Tensor, shard_sizes: list[int], shard: int,
+               tensor: torch.Tensor) -> None:
+    """Copy `tensor` into rows `shard` of a fused parameter stacked along dim 0."""
+    offset = sum(shard_sizes[:shard])
+    size = shard_sizes[shard]
+    if tensor.shape[0] != size:
+        raise ValueError(f"fused shard {shard} has {tensor.shape[0]} rows, expected {size}")
+    param.data[offset: offset + size].copy_(tensor)
+
+
+def copy_param(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if param.shape != tensor.shape:
+        raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, the model "
+                         f"expects {tuple(param.shape)}")
+    param.data.copy_(tensor)

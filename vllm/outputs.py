@@ -1,0 +1,86 @@
+"""Request outputs, shaped as vLLM's: a base `PoolingRequestOutput` and per-task views."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+
+@dataclass
+class PoolingOutput:
+    """The raw pooler output of one request (float32, on CPU)."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+_O = TypeVar("_O")
+
+
+class PoolingRequestOutput(Generic[_O]):
+    """One finished request: its ids, prompt tokens, cache use and output."""
+
+    def __init__(self, request_id: str, outputs: _O, prompt_token_ids: list[int],
+                 finished: bool = True, num_cached_tokens: int = 0) -> None:
+        self.request_id = request_id
+        self.outputs = outputs
+        self.prompt_token_ids = prompt_token_ids
+        self.finished = finished
+        self.num_cached_tokens = num_cached_tokens
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
+                f"prompt_token_ids={self.prompt_token_ids}, finished={self.finished}, "
+                f"num_cached_tokens={self.num_cached_tokens})")
+
+    @classmethod
+    def _convert(cls, base: "PoolingRequestOutput", outputs) -> "PoolingRequestOutput":
+        return cls(base.request_id, outputs, base.prompt_token_ids, base.finished,
+                   base.num_cached_tokens)
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    @classmethod
+    def from_base(cls, base: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        data = base.outputs.data
+        if data.dim() != 1:
+            raise ValueError("embeddings are one vector per prompt")
+        return cls._convert(base, EmbeddingOutput(data.tolist()))
+
+
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    @classmethod
+    def from_base(cls, base: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        return cls._convert(base, ClassificationOutput(base.outputs.data.tolist()))
+
+
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    @classmethod
+    def from_base(cls, base: PoolingRequestOutput) -> "ScoringRequestOutput":
+        data = base.outputs.data
+        if data.numel() != 1:
+            raise ValueError("a score is one number per pair; the model has more than one label")
+        return cls._convert(base, ScoringOutput(float(data.reshape(-1)[0])))

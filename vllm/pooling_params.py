@@ -1,0 +1,94 @@
+"""Per-request pooling parameters, validated against the request's task."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from vllm.config.model import ModelConfig
+
+POOLING_TASKS = ("encode", "embed", "classify", "score", "reward")
+
+# Which request parameters belong to which task.
+_TASK_PARAMS: dict[str, tuple[str, ...]] = {
+    "embed": ("dimensions", "normalize"),
+    "classify": ("activation",),
+    "score": ("activation",),
+    "encode": ("softmax", "step_tag_id", "returned_token_ids"),
+    "reward": ("softmax", "step_tag_id", "returned_token_ids"),
+}
+# The task-specific switch that newer vLLM spells `use_activation`.
+_ACTIVATION_ALIAS = {"embed": "normalize", "classify": "activation", "score": "activation",
+                     "encode": "softmax", "reward": "softmax"}
+
+
+@dataclass
+class PoolingParams:
+    """What to do with a request's pooled hidden state.
+
+    Every field left None takes the model's resolved `PoolerConfig` value.
+    `task` is filled in by the entrypoint (`LLM.embed` sets "embed", ...).
+    """
+
+    dimensions: Optional[int] = None
+    normalize: Optional[bool] = None
+    activation: Optional[bool] = None
+    softmax: Optional[bool] = None
+    step_tag_id: Optional[int] = None
+    returned_token_ids: Optional[list[int]] = None
+    use_activation: Optional[bool] = None
+    task: Optional[str] = None
+    extra_kwargs: dict = field(default_factory=dict)
+
+    def clone(self) -> "PoolingParams":
+        return PoolingParams(**{k: (list(v) if isinstance(v, list) else
+                                    dict(v) if isinstance(v, dict) else v)
+                                for k, v in self.__dict__.items()})
+
+    def _set_fields(self) -> list[str]:
+        names = ("dimensions", "normalize", "activation", "softmax", "step_tag_id",
+                 "returned_token_ids")
+        return [n for n in names if getattr(self, n) is not None]
+
+    def verify(self, task: str, model_config: Optional["ModelConfig"] = None) -> None:
+        """Check that every set parameter belongs to `task`, fill defaults from the model.
+
+        Raises ValueError naming the parameters the task accepts.
+        """
+        if task not in POOLING_TASKS:
+            raise ValueError(f"Unknown pooling task {task!r}; choose one of {POOLING_TASKS}.")
+        if self.task is not None and self.task != task:
+            raise ValueError(f"PoolingParams were made for task {self.task!r}, not {task!r}.")
+        self.task = task
+        if self.use_activation is not None:
+            alias = _ACTIVATION_ALIAS[task]
+            if getattr(self, alias) is not None and getattr(self, alias) != self.use_activation:
+                raise ValueError(f"use_activation and {alias} disagree; set only one of them.")
+            setattr(self, alias, self.use_activation)
+            self.use_activation = None
+        allowed = _TASK_PARAMS[task]
+        wrong = [n for n in self._set_fields() if n not in allowed]
+        if wrong:
+            raise ValueError(
+                f"Task {task!r} does not accept {', '.join(wrong)}; the parameters it accepts "
+                f"are: {', '.join(allowed)}.")
+        if model_config is not None:
+            self._fill_from_model(task, model_config)
+
+    def _fill_from_model(self, task: str, model_config: "ModelConfig") -> None:
+        pooler = model_config.pooler_config
+        if task == "embed":
+            if self.normalize is None:
+                self.normalize = pooler.normalize if pooler.normalize is not None else True
+            if self.dimensions is not None:
+                model_config.verify_dimensions(self.dimensions)
+        elif task in ("classify", "score"):
+            if self.activation is None:
+                self.activation = pooler.activation if pooler.activation is not None else True
+        else:
+            if self.softmax is None:
+                self.softmax = bool(pooler.softmax) if pooler.softmax is not None else False
+            if self.step_tag_id is None:
+                self.step_tag_id = pooler.step_tag_id
+            if self.returned_token_ids is None:
+                self.returned_token_ids = pooler.returned_token_ids

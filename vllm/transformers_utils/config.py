@@ -1,0 +1,47 @@
+"""Locate a checkpoint and read its Hugging Face config."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from transformers import AutoConfig, PretrainedConfig
+
+
+def resolve_model_path(model: str, revision: Optional[str] = None) -> Path:
+    """A local directory as is; otherwise the Hugging Face cache or hub snapshot."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    from huggingface_hub import constants, snapshot_download
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return Path(snapshot_download(model, revision=revision, local_files_only=offline))
+    except Exception as exc:  # noqa: BLE001 - re-raised with the facts a user needs
+        try:
+            return Path(snapshot_download(model, revision=revision, local_files_only=True))
+        except Exception:
+            pass
+        raise ValueError(
+            f"Could not find model {model!r}: it is not a local directory and it is not in the "
+            f"Hugging Face cache at {constants.HF_HUB_CACHE} (and the hub could not be reached: "
+            f"{type(exc).__name__}). Pass a local path or download the model first.") from None
+
+
+def load_hf_config(path: Path, hf_overrides: Optional[dict[str, Any]] = None) -> PretrainedConfig:
+    """Read config.json with transformers and apply `hf_overrides` attribute by attribute."""
+    config = AutoConfig.from_pretrained(str(path))
+    for key, value in (hf_overrides or {}).items():
+        setattr(config, key, value)
+    if not getattr(config, "architectures", None):
+        raise ValueError(f"{path}/config.json names no `architectures`; pass "
+                         "hf_overrides={'architectures': [...]} to choose one.")
+    return config
+
+
+def read_json(path: Path) -> Optional[dict]:
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        return json.load(f)

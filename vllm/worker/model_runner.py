@@ -1,0 +1,136 @@
+"""ModelRunner: owns the model, the KV tensors and the pooler; runs one step.
+
+It turns the scheduler's decisions into one flat, padding-free batch (token ids,
+positions, slots) plus attention metadata, runs the forward pass and pools the
+requests whose final token was computed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.core.scheduler import SchedulerOutput
+from vllm.logger import init_logger
+from vllm.model_executor.attention_metadata import AttentionMetadata, build_padded_indices
+from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
+from vllm.model_executor.model_loader import build_model
+
+logger = init_logger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.config = vllm_config
+        mc = vllm_config.model_config
+        torch.manual_seed(mc.seed)
+        self.device = torch.device(mc.device)
+        self.model = build_model(mc)
+        self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
+                             if mc.convert == "classify" else "identity")
+        self.block_size = vllm_config.cache_config.block_size
+        self.uses_kv_cache = vllm_config.uses_kv_cache
+        self.num_blocks = self._size_kv_cache()
+        vllm_config.cache_config.num_blocks = self.num_blocks
+        self.kv_caches: list[torch.Tensor] = []
+        if self.uses_kv_cache:
+            self._allocate_kv_cache()
+
+    # ----- KV cache -------------------------------------------------------------------
+    def _blocks_per_prompt(self) -> int:
+        return -(-self.config.model_config.max_model_len // self.block_size)
+
+    def _size_kv_cache(self) -> int:
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        useful = sc.max_num_seqs * self._blocks_per_prompt()
+        if cc.num_gpu_blocks_override is not None:
+            num = cc.num_gpu_blocks_override
+        elif not self.uses_kv_cache:
+            return useful  # bookkeeping only: bidirectional models keep no K/V
+        else:
+            num = min(useful, self._memory_for_cache() // self._bytes_per_block())
+        if num < self._blocks_per_prompt():
+            raise ValueError(
+                f"The KV cache holds {num} blocks of {self.block_size} tokens, fewer than one "
+                f"max_model_len prompt needs ({self._blocks_per_prompt()}). Raise "
+                "VLLM_CPU_KVCACHE_SPACE / num_gpu_blocks_override or lower max_model_len.")
+        return num
+
+    def _bytes_per_block(self) -> int:
+        layers = self.model.model.attention_layers()
+        a = layers[0]
+        itemsize = torch.tensor([], dtype=self.config.model_config.dtype).element_size()
+        return len(layers) * 2 * self.block_size * a.num_kv_heads * a.head_dim * itemsize
+
+    def _memory_for_cache(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.5)
+        return int(self.config.cache_config.cpu_kvcache_space_bytes)
+
+    def _allocate_kv_cache(self) -> None:
+        dtype = self.config.model_config.dtype
+        slots = self.num_blocks * self.block_size
+        for attn in self.model.model.attention_layers():
+            cache = torch.empty(2, slots, attn.num_kv_heads, attn.head_dim, dtype=dtype,
+                                device=self.device)
+            attn.kv_cache = cache
+            self.kv_caches.append(cache)
+        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.num_blocks,
+                    self.block_size, self.num_blocks * self._bytes_per_block() / 2**20)
+
+    # ----- one step -------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
+        """Run the scheduled tokens; return pooled outputs of requests that finished."""
+        if not out.scheduled:
+            return {}
+        input_ids, positions, token_types, meta = self._prepare(out)
+        hidden = self.model(input_ids, positions, meta, token_types)
+        slices, ids = [], []
+        for i, s in enumerate(out.scheduled):
+            if s.finishes:
+                req = s.request
+                slices.append(PoolingSlice(meta.query_start_loc[i], s.num_new, s.num_computed,
+                                           req.prompt_token_ids, req.pooling_params))
+                ids.append(req.request_id)
+        return dict(zip(ids, self.pooler(hidden, slices)))
+
+    def _prepare(self, out: SchedulerOutput):
+        ids: list[int] = []
+        pos: list[int] = []
+        types: list[int] = []
+        starts = [0]
+        any_types = any(s.request.token_type_ids is not None for s in out.scheduled)
+        for s in out.scheduled:
+            k, n, req = s.num_computed, s.num_new, s.request
+            ids.extend(req.prompt_token_ids[k: k + n])
+            pos.extend(range(k, k + n))
+            if any_types:
+                types.extend(req.token_type_ids[k: k + n] if req.token_type_ids else [0] * n)
+            starts.append(starts[-1] + n)
+        dev = self.device
+        positions = torch.tensor(pos, dtype=torch.long)
+        meta = AttentionMetadata(
+            query_start_loc=starts, num_computed=[s.num_computed for s in out.scheduled],
+            num_new=[s.num_new for s in out.scheduled],
+            slot_mapping=self._slot_mapping(out, positions) if self.uses_kv_cache else None,
+            block_tables=[s.block_ids for s in out.scheduled], block_size=self.block_size,
+            causal=self.config.model_config.is_causal)
+        if len(out.scheduled) > 1 or meta.reads_cache:
+            build_padded_indices(meta, dev)
+        token_types = torch.tensor(types, dtype=torch.long, device=dev) if any_types else None
+        return (torch.tensor(ids, dtype=torch.long, device=dev), positions.to(dev),
+                token_types, meta)
+
+    def _slot_mapping(self, out: SchedulerOutput, positions: torch.Tensor) -> torch.Tensor:
+        tables = []
+        for s in out.scheduled:
+            blocks = torch.tensor(s.block_ids, dtype=torch.long)
+            p = torch.arange(s.num_computed, s.num_computed + s.num_new)
+            tables.append(blocks[p // self.block_size] * self.block_size + p % self.block_size)
+        return torch.cat(tables).to(self.device)
+
+    def profile_kv_bytes(self) -> Optional[int]:
+        return self.num_blocks * self._bytes_per_block() if self.uses_kv_cache else None
