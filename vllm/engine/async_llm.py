@@ -98,9 +98,10 @@ class AsyncLLM:
         processor = self.engine.processor
 
         def work() -> list[Any]:
+            if add_special_tokens:  # strings go through the tokenizer in one batch call
+                return processor.tokenize_many(list(prompts), truncate_prompt_tokens)
             return [processor.tokenize_prompt(p, truncate_prompt_tokens=truncate_prompt_tokens,
-                                              add_special_tokens=add_special_tokens)
-                    for p in prompts]
+                                              add_special_tokens=False) for p in prompts]
         return await self.run_in_tokenizer_thread(work)
 
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
@@ -190,12 +191,16 @@ class AsyncLLM:
                             self._pending.pop(rid, None)
                         _resolve(pending, error=exc)
                 if engine.has_unfinished_requests():
+                    steps = engine.stats.num_steps
                     outputs = engine.step()
                     with self._cv:
                         done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
                     for pending, output in done:
                         if pending is not None:
                             _resolve(pending, result=output)
+                    if not outputs and engine.stats.num_steps == steps:
+                        with self._cv:  # nothing could be scheduled: do not spin
+                            self._cv.wait(0.005)
                 busy = engine.has_unfinished_requests()
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")

@@ -67,6 +67,14 @@ def error_bytes(status: int, message: str, param: Optional[str] = None) -> bytes
     return json.dumps(error_body(status, message, param)).encode()
 
 
+# Fields that accept several shapes: one plain sentence instead of an error per shape.
+_UNION_FIELDS = {
+    "input": "a string, a list of strings, a list of token ids or a list of token-id lists",
+    "text_1": "a string or a list of strings",
+    "text_2": "a string or a list of strings",
+}
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     """A short, readable message (and the offending top-level field) from pydantic errors."""
     errors = list(exc.errors())
@@ -74,6 +82,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
         if err.get("type") == "json_invalid":
             detail = (err.get("ctx") or {}).get("error", "")
             return f"Malformed JSON body: {detail}".rstrip(": "), None
+    fields = [str(err["loc"][1]) for err in errors
+              if len(err.get("loc", ())) > 1 and err["loc"][0] == "body"]
+    if fields and fields[0] in _UNION_FIELDS and fields.count(fields[0]) > 1:
+        field = fields[0]
+        return f"Invalid request: `{field}` must be {_UNION_FIELDS[field]}.", field
     parts: list[str] = []
     param: Optional[str] = None
     seen: set[str] = set()

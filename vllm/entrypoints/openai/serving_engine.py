@@ -3,6 +3,7 @@ request ids, input normalisation, and running a batch of prompts with abort-on-d
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from typing import Any, Optional, Sequence, Union
@@ -42,6 +43,7 @@ class ServingContext:
         self._engine = engine
         self.served_model_names = list(served_model_names)
         self.metrics = metrics
+        self._request_counter = itertools.count()
 
     # ----- engine and model -------------------------------------------------------------
     @property
@@ -53,10 +55,6 @@ class ServingContext:
         if not engine.is_alive:
             raise APIError(503, str(engine.dead_error))
         return engine
-
-    @property
-    def has_engine(self) -> bool:
-        return self._engine is not None
 
     @property
     def model_config(self) -> Any:
@@ -164,6 +162,8 @@ class ServingContext:
         in prompt order. A client disconnect or a failure aborts all of them."""
         engine = self.engine
         start = time.perf_counter()
+        # Engine ids stay unique even when clients reuse an X-Request-Id.
+        base_id = f"{base_id}-{next(self._request_counter)}"
         tasks = [asyncio.ensure_future(engine.encode(p, params.clone(), f"{base_id}-{i}"))
                  for i, p in enumerate(prompts)]
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))

