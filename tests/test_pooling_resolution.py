@@ -1,0 +1,166 @@
+"""How the pooler config is resolved: user override > sentence-transformers files > class default.
+
+The resolved value is read where vLLM users read it:
+``llm.llm_engine.vllm_config.model_config.pooler_config``.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+import model_factory as mf
+from vllm import LLM
+
+
+def _pooler(llm):
+    return llm.llm_engine.vllm_config.model_config.pooler_config
+
+
+def _model_config(llm):
+    return llm.llm_engine.vllm_config.model_config
+
+
+SENTENCES = ["Hello world", "the quick brown fox jumps over the lazy dog " * 8,
+             "a short one", "Paris is the capital of France; Berlin is the capital of Germany"]
+
+
+# ------------------------------------------------------------------ class defaults
+
+@pytest.mark.parametrize("fixture,expected", [
+    ("bert_embed_dir", "CLS"),
+    ("roberta_embed_dir", "CLS"),
+    ("xlmr_cls_dir", "CLS"),
+    ("qwen3_embed_dir", "LAST"),
+    ("llama_cls_dir", "LAST"),
+    ("qwen2_reward_dir", "ALL"),
+    ("qwen2_prm_dir", "STEP"),
+])
+def test_class_default_pooling_type(request, shared_llm, fixture, expected):
+    llm = shared_llm(request.getfixturevalue(fixture))
+    pooling_type = _pooler(llm).pooling_type
+    assert pooling_type == expected
+    assert isinstance(pooling_type, str)  # a plain upper-case string, never an enum or None
+
+
+def test_bert_classifier_default_is_cls(shared_llm, bert_cls_dir):
+    assert _pooler(shared_llm(bert_cls_dir)).pooling_type == "CLS"
+
+
+def test_embedding_defaults_to_normalize_without_st_files(shared_llm, qwen3_embed_dir):
+    llm = shared_llm(qwen3_embed_dir)
+    assert _pooler(llm).normalize in (True, None)  # None = the embed head's default (True)
+    emb = torch.tensor(llm.embed("hello world", use_tqdm=False)[0].outputs.embedding)
+    assert abs(float(emb.norm()) - 1.0) < 1e-4
+
+
+# ------------------------------------------------------------------ sentence-transformers files
+
+def test_st_pooling_file_overrides_class_default(shared_llm, bert_st_mean_dir):
+    llm = shared_llm(bert_st_mean_dir)
+    pooler = _pooler(llm)
+    assert pooler.pooling_type == "MEAN"  # BERT's class default would be CLS
+    assert pooler.normalize is False      # no Normalize module listed
+
+
+def test_st_lasttoken_and_normalize(shared_llm, qwen3_st_dir, minilm_dir):
+    pooler = _pooler(shared_llm(qwen3_st_dir))
+    assert pooler.pooling_type == "LAST" and pooler.normalize is True
+    pooler = _pooler(shared_llm(minilm_dir))
+    assert pooler.pooling_type == "MEAN" and pooler.normalize is True
+
+
+def test_st_max_seq_length_caps_max_model_len(shared_llm, qwen3_st_dir, minilm_dir,
+                                             qwen3_embed_dir, roberta_embed_dir):
+    assert _model_config(shared_llm(qwen3_st_dir)).max_model_len == 128
+    assert _model_config(shared_llm(minilm_dir)).max_model_len == 256
+    assert _model_config(shared_llm(qwen3_embed_dir)).max_model_len == 512
+    # RoBERTa: 514 positions, offset by padding_idx + 1 -> 512 tokens
+    assert _model_config(shared_llm(roberta_embed_dir)).max_model_len == 512
+
+
+def test_st_without_normalize_returns_unnormalised_embeddings(shared_llm, bert_st_mean_dir):
+    llm = shared_llm(bert_st_mean_dir)
+    outs = llm.embed(SENTENCES, use_tqdm=False)
+    got = torch.tensor([o.outputs.embedding for o in outs])
+    ref = mf.st_encode(bert_st_mean_dir, SENTENCES)
+    assert got.shape == ref.shape == (len(SENTENCES), 64)
+    assert (got.norm(dim=-1) - 1.0).abs().min() > 1e-2   # really not normalised
+    assert mf.max_abs_diff(got, ref) <= 1e-4
+    for g, r in zip(got, ref):
+        assert mf.cosine(g, r) >= 0.9999
+
+
+def test_st_dense_module_is_applied(shared_llm, bert_st_dense_dir):
+    llm = shared_llm(bert_st_dense_dir)
+    outs = llm.embed(SENTENCES, use_tqdm=False)
+    got = torch.tensor([o.outputs.embedding for o in outs])
+    ref = mf.st_encode(bert_st_dense_dir, SENTENCES)
+    assert got.shape == ref.shape == (len(SENTENCES), 32)  # Dense 64 -> 32
+    assert mf.max_abs_diff(got, ref) <= 1e-4
+    for g, r in zip(got, ref):
+        assert mf.cosine(g, r) >= 0.9999
+
+
+def test_unsupported_st_module_is_refused_at_load(bert_st_bad_module_dir):
+    with pytest.raises(ValueError) as err:
+        LLM(model=bert_st_bad_module_dir)
+    assert "LayerNorm" in str(err.value)
+
+
+def test_unsupported_st_pooling_mode_is_refused_at_load(tmp_path, bert_st_mean_dir):
+    path = mf.copy_checkpoint(bert_st_mean_dir, tmp_path / "max_pool")
+    pool_cfg_path = pathlib.Path(path) / "1_Pooling" / "config.json"
+    cfg = json.loads(pool_cfg_path.read_text())
+    cfg.update(pooling_mode_mean_tokens=False, pooling_mode_max_tokens=True)
+    pool_cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as err:
+        LLM(model=str(path))
+    assert "max" in str(err.value).lower()
+
+
+# ------------------------------------------------------------------ user override
+
+def _check_last_unnormalised(llm, model_dir):
+    """LAST pooling, with `normalize` still taken from the ST files (false): field by field."""
+    text = SENTENCES[3]
+    out = llm.embed(text, use_tqdm=False)[0]
+    ids = list(mf.hf_tokenizer(model_dir)(text)["input_ids"])
+    ref = mf.hf_embedding(model_dir, ids, "LAST", normalize=False)
+    assert mf.cosine(out.outputs.embedding, ref) >= 0.9999
+    assert mf.max_abs_diff(out.outputs.embedding, ref) <= 1e-4
+
+
+def test_user_override_beats_st_file(bert_st_mean_dir):
+    llm = LLM(model=bert_st_mean_dir, override_pooler_config={"pooling_type": "LAST"})
+    assert _pooler(llm).pooling_type == "LAST"
+    assert _pooler(llm).normalize is False
+    _check_last_unnormalised(llm, bert_st_mean_dir)
+
+
+def test_pooler_config_alias(bert_st_mean_dir):
+    llm = LLM(model=bert_st_mean_dir, pooler_config={"pooling_type": "LAST"})
+    assert _pooler(llm).pooling_type == "LAST"
+    _check_last_unnormalised(llm, bert_st_mean_dir)
+
+
+def test_user_override_as_pooler_config_object(bert_st_mean_dir):
+    from vllm.config import PoolerConfig
+    llm = LLM(model=bert_st_mean_dir, override_pooler_config=PoolerConfig(pooling_type="LAST"))
+    assert _pooler(llm).pooling_type == "LAST"
+
+
+def test_user_override_beats_class_default(bert_embed_dir, qwen3_embed_dir):
+    llm = LLM(model=bert_embed_dir, override_pooler_config={"pooling_type": "MEAN",
+                                                            "normalize": False})
+    assert _pooler(llm).pooling_type == "MEAN" and _pooler(llm).normalize is False
+    text = SENTENCES[1]
+    ids = list(mf.hf_tokenizer(bert_embed_dir)(text)["input_ids"])
+    out = llm.embed(text, use_tqdm=False)[0]
+    ref = mf.hf_embedding(bert_embed_dir, ids, "MEAN", normalize=False)
+    assert mf.max_abs_diff(out.outputs.embedding, ref) <= 1e-4
+
+    llm = LLM(model=qwen3_embed_dir, override_pooler_config={"pooling_type": "mean"})
+    assert _pooler(llm).pooling_type == "MEAN"  # normalised to upper case
