@@ -33,7 +33,7 @@ class FakeEngine:
         self.gate = threading.Event()
         self.gate.set()
         self.in_step = threading.Event()
-        self.fail_next_step = False
+        self.failing_steps = 0  # how many of the next steps raise
         self.stats = types.SimpleNamespace(num_steps=0)
 
     def add_request(self, request_id, prompt, params) -> None:
@@ -52,7 +52,8 @@ class FakeEngine:
     def step(self):
         self.in_step.set()
         self.gate.wait(10)
-        if self.fail_next_step:
+        if self.failing_steps:
+            self.failing_steps -= 1
             raise RuntimeError("device lost")
         self.batches.append(sorted(self.running))
         self.stats.num_steps += 1
@@ -99,7 +100,7 @@ def test_requests_arriving_during_a_step_share_the_next_one(fake):
 
 
 def test_cancel_aborts_the_engine_request():
-    engine = FakeEngine(steps_per_request=1000)
+    engine = FakeEngine(steps_per_request=10 ** 9)
     llm = AsyncLLM(engine)
     try:
         async def main():
@@ -136,15 +137,31 @@ def test_a_bad_request_fails_alone(fake):
     assert llm.is_alive
 
 
-def test_engine_failure_marks_dead_and_health_503():
+def test_a_failed_step_fails_its_requests_and_serving_goes_on(fake):
+    engine, llm = fake
+    engine.failing_steps = 1
+
+    async def main():
+        with pytest.raises(RuntimeError, match="device lost"):
+            await llm.encode("p", None, "x")
+        return await llm.encode("p", None, "y")
+    assert asyncio.run(main()).request_id == "y"
+    assert llm.is_alive and engine.aborted == ["x"]
+
+
+def test_repeated_step_failures_mark_dead_and_health_503():
+    from vllm.engine.async_llm import MAX_CONSECUTIVE_STEP_FAILURES
     from vllm.entrypoints.openai.api_server import build_app
     engine = FakeEngine()
-    engine.fail_next_step = True
+    engine.failing_steps = 10 ** 6
     llm = AsyncLLM(engine)
 
     async def main():
+        for i in range(MAX_CONSECUTIVE_STEP_FAILURES - 1):
+            with pytest.raises(RuntimeError):
+                await llm.encode("p", None, f"x{i}")
         with pytest.raises(EngineDeadError):
-            await llm.encode("p", None, "x")
+            await llm.encode("p", None, "last")
         assert not llm.is_alive and llm.errored
         with pytest.raises(EngineDeadError):
             await llm.encode("p", None, "y")

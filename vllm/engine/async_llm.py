@@ -23,6 +23,9 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 _T = TypeVar("_T")
+# A step that raises fails the requests in it; this many failures in a row mean the
+# engine itself is broken (e.g. the device is gone) and the loop stops.
+MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
 class EngineDeadError(RuntimeError):
@@ -164,8 +167,8 @@ class AsyncLLM:
 
     # ----- the engine thread ---------------------------------------------------------
     def _run(self) -> None:
-        engine = self.engine
         busy = False
+        failures = 0
         try:
             while True:
                 with self._cv:
@@ -178,34 +181,63 @@ class AsyncLLM:
                     self._inbox = []
                     for _, pending in new:
                         pending.added = True
-                if aborts:
-                    try:
-                        engine.abort_request(aborts)
-                    except (KeyError, ValueError):  # finished meanwhile: nothing to abort
-                        logger.debug("Abort of finished request(s) %s ignored.", aborts)
-                for rid, pending in new:
-                    try:
-                        engine.add_request(rid, pending.prompt, pending.params)
-                    except Exception as exc:  # a bad request fails alone
-                        with self._cv:
-                            self._pending.pop(rid, None)
-                        _resolve(pending, error=exc)
-                if engine.has_unfinished_requests():
-                    steps = engine.stats.num_steps
-                    outputs = engine.step()
-                    with self._cv:
-                        done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
-                    for pending, output in done:
-                        if pending is not None:
-                            _resolve(pending, result=output)
-                    if not outputs and engine.stats.num_steps == steps:
-                        with self._cv:  # nothing could be scheduled: do not spin
-                            self._cv.wait(0.005)
-                busy = engine.has_unfinished_requests()
+                self._admit(aborts, new)
+                try:
+                    self._step()
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                        raise
+                    self._fail_in_flight(exc)
+                busy = self.engine.has_unfinished_requests()
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")
             self._error = exc
             self._fail_all(self.dead_error)
+
+    def _admit(self, aborts: list[str], new: list[tuple[str, _Pending]]) -> None:
+        """Apply aborts, then add new requests; a request the engine refuses fails alone."""
+        if aborts:
+            try:
+                self.engine.abort_request(aborts)
+            except (KeyError, ValueError):  # finished meanwhile: nothing to abort
+                logger.debug("Abort of finished request(s) %s ignored.", aborts)
+        for rid, pending in new:
+            try:
+                self.engine.add_request(rid, pending.prompt, pending.params)
+            except Exception as exc:
+                with self._cv:
+                    self._pending.pop(rid, None)
+                _resolve(pending, error=exc)
+
+    def _step(self) -> None:
+        engine = self.engine
+        if not engine.has_unfinished_requests():
+            return
+        steps = engine.stats.num_steps
+        outputs = engine.step()
+        with self._cv:
+            done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
+        for pending, output in done:
+            if pending is not None:
+                _resolve(pending, result=output)
+        if not outputs and engine.stats.num_steps == steps:
+            with self._cv:  # nothing could be scheduled: do not spin
+                self._cv.wait(0.005)
+
+    def _fail_in_flight(self, error: Exception) -> None:
+        """A step raised: fail (and abort) the requests inside the engine, keep serving."""
+        logger.exception("An engine step failed; failing the requests in flight.")
+        with self._cv:
+            failed = [rid for rid, p in self._pending.items() if p.added]
+            pending = [self._pending.pop(rid) for rid in failed]
+        try:
+            self.engine.abort_request(failed)
+        except (KeyError, ValueError):
+            pass
+        for p in pending:
+            _resolve(p, error=error)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:

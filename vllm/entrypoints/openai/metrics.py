@@ -20,6 +20,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _ENGINE_COUNTERS = (
     ("vllm:request_success", "num_requests_finished", "Engine requests finished."),
     ("vllm:prompt_tokens", "prompt_tokens", "Prompt tokens processed by the engine."),
+    ("vllm:computed_tokens", "computed_tokens",
+     "Prompt tokens actually run through the model (prompt tokens minus cache hits)."),
     ("vllm:engine_steps", "num_steps", "Engine steps run (one batched forward each)."),
     ("vllm:prefix_cache_queries", "prefix_cache_queries",
      "Prompt tokens looked up in the prefix cache."),

@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from vllm.engine.async_llm import EngineDeadError
 from vllm.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
 from vllm.pooling_params import PoolingParams
 
@@ -178,8 +179,14 @@ class ServingContext:
                     if task.exception() is not None:
                         raise task.exception()
             outputs = [t.result() for t in tasks]
+        except APIError:
+            raise
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc)) from exc
         except ValueError as exc:
             raise bad_request(str(exc)) from exc
+        except Exception as exc:  # the engine failed while computing these prompts
+            raise APIError(500, f"The engine failed on this request: {exc!r}") from exc
         finally:
             watcher.cancel()
             for task in tasks:
