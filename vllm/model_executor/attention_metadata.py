@@ -4,13 +4,31 @@ The batch is the concatenation of each scheduled request's new tokens. Request `
 `num_computed[i]` tokens already in the KV cache (k) and `num_new[i]` tokens in this batch
 (n), at flat offsets `query_start_loc[i]:query_start_loc[i+1]`. Attention therefore
 attends from the n new queries over k + n keys, causally offset by k.
+
+For speed, requests are bucketed into groups of similar shape (built once per step and
+shared by all layers); each group is one padded `scaled_dot_product_attention` call.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+# A group may cost at most this much more attention work than its requests need.
+MAX_PADDING_WASTE = 1.3
+
+
+@dataclass
+class AttentionGroup:
+    """Requests attended together: queries gathered to [b, Lq], keys to [b, Lk]."""
+
+    rows: torch.Tensor                  # [b, Lq] flat index of each query (padding clamped)
+    valid: Optional[torch.Tensor]       # [b, Lq] bool; None when nothing is padded
+    flat: torch.Tensor                  # [t_g] flat index of the group's valid queries
+    key_slots: Optional[torch.Tensor]   # [b, Lk] cache slots when keys come from the cache
+    mask: Optional[torch.Tensor]        # [b, 1, Lq, Lk] bool, True = attend; None = no mask
+    is_causal: bool                     # let SDPA apply the (square) causal mask itself
 
 
 @dataclass
@@ -21,65 +39,88 @@ class AttentionMetadata:
     slot_mapping: Optional[torch.Tensor]  # [T] cache slot of each new token (None: no cache)
     block_tables: list[list[int]]       # [B] block ids holding the request's tokens
     block_size: int
-    # Padded views, built once per step by `build_padded_indices` and shared by all layers.
-    query_index: Optional[torch.Tensor] = None   # [B, Lq] flat token index (padding clamped)
-    query_valid: Optional[torch.Tensor] = None   # [B, Lq] bool
-    key_slots: Optional[torch.Tensor] = None     # [B, Lk] cache slot per key (cached path)
-    attn_mask: Optional[torch.Tensor] = None     # [B, 1, Lq, Lk] bool, True = attend
     causal: bool = True
+    groups: list[AttentionGroup] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:
         return len(self.num_new)
 
     @property
-    def reads_cache(self) -> bool:
-        """True when some request attends over keys that are only in the cache."""
-        return any(k > 0 for k in self.num_computed)
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1]
 
 
-def build_padded_indices(meta: AttentionMetadata, device: torch.device) -> None:
-    """Fill the padded index tensors and the mask used by batched attention.
+def build_groups(meta: AttentionMetadata, device: torch.device) -> None:
+    """Bucket requests by shape and build each group's indices and mask."""
+    order = sorted(range(meta.num_reqs),
+                   key=lambda i: (-meta.num_new[i], -(meta.num_computed[i] + meta.num_new[i])))
+    meta.groups = [_make_group(meta, members, device) for members in _bucket(meta, order)]
 
-    Queries are gathered into [B, Lq] (Lq = max n); keys are either the same new tokens
-    (nothing cached) or, when a request reads the cache, every slot of its k + n tokens.
-    """
-    num_new = torch.tensor(meta.num_new, dtype=torch.long)
-    num_computed = torch.tensor(meta.num_computed, dtype=torch.long)
-    starts = torch.tensor(meta.query_start_loc[:-1], dtype=torch.long)
-    lq = int(num_new.max())
+
+def _bucket(meta: AttentionMetadata, order: list[int]) -> list[list[int]]:
+    groups: list[list[int]] = []
+    current: list[int] = []
+    need = 0
+    max_n = max_l = 0
+    for i in order:
+        n, total = meta.num_new[i], meta.num_computed[i] + meta.num_new[i]
+        new_max_n, new_max_l = max(max_n, n), max(max_l, total)
+        padded = (len(current) + 1) * new_max_n * new_max_l
+        if current and padded > MAX_PADDING_WASTE * (need + n * total):
+            groups.append(current)
+            current, need, new_max_n, new_max_l = [], 0, n, total
+        current.append(i)
+        need += n * total
+        max_n, max_l = new_max_n, new_max_l
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _make_group(meta: AttentionMetadata, members: list[int],
+                device: torch.device) -> AttentionGroup:
+    n = torch.tensor([meta.num_new[i] for i in members])
+    k = torch.tensor([meta.num_computed[i] for i in members])
+    start = torch.tensor([meta.query_start_loc[i] for i in members])
+    lq = int(n.max())
     pos = torch.arange(lq)
-    meta.query_valid = pos[None, :] < num_new[:, None]
-    meta.query_index = starts[:, None] + torch.minimum(pos[None, :], num_new[:, None] - 1)
-    # Absolute position of each query row (padded rows repeat the request's last query).
-    q_abs = num_computed[:, None] + torch.minimum(pos[None, :], num_new[:, None] - 1)
-    if meta.reads_cache:
-        total = num_computed + num_new
+    valid = pos[None, :] < n[:, None]
+    last = torch.minimum(pos[None, :], n[:, None] - 1)
+    rows = start[:, None] + last
+    flat = rows[valid]
+    uniform = bool((n == lq).all())
+    reads_cache = bool((k > 0).any())
+    key_slots = mask = None
+    if reads_cache:
+        total = k + n
         lk = int(total.max())
         kpos = torch.arange(lk)
-        meta.key_slots = _key_slots(meta, lk)
-        k_abs = kpos[None, :]
-        key_valid = kpos[None, :] < total[:, None]
-    else:
-        k_abs = torch.minimum(pos[None, :], num_new[:, None] - 1)
-        key_valid = meta.query_valid
-    mask = key_valid[:, None, :].expand(-1, lq, -1)
-    if meta.causal:
-        mask = mask & (k_abs[:, None, :] <= q_abs[:, :, None])
-    meta.attn_mask = mask[:, None, :, :].to(device)
-    meta.query_index = meta.query_index.to(device)
-    meta.query_valid = meta.query_valid.to(device)
-    if meta.key_slots is not None:
-        meta.key_slots = meta.key_slots.to(device)
+        key_slots = _key_slots(meta, members, lk)
+        q_abs = k[:, None] + last
+        mask = (kpos[None, None, :] < total[:, None, None]) & \
+               (kpos[None, None, :] <= q_abs[:, :, None]) if meta.causal else \
+            (kpos[None, None, :] < total[:, None, None]).expand(-1, lq, -1)
+        mask = mask[:, None]
+    elif not uniform:
+        key_valid = valid[:, None, :]
+        mask = key_valid & (pos[None, None, :] <= last[:, :, None]) if meta.causal \
+            else key_valid.expand(-1, lq, -1)
+        mask = mask[:, None]
+    return AttentionGroup(
+        rows=rows.to(device), valid=None if uniform else valid.to(device),
+        flat=flat.to(device), key_slots=None if key_slots is None else key_slots.to(device),
+        mask=None if mask is None else mask.to(device),
+        is_causal=meta.causal and mask is None)
 
 
-def _key_slots(meta: AttentionMetadata, lk: int) -> torch.Tensor:
-    """[B, lk] cache slot of every key position (padding points at slot 0, masked)."""
+def _key_slots(meta: AttentionMetadata, members: list[int], lk: int) -> torch.Tensor:
+    """[b, lk] cache slot of every key position (padding points at slot 0, masked)."""
     bs = meta.block_size
-    rows = []
-    for table, k, n in zip(meta.block_tables, meta.num_computed, meta.num_new):
-        blocks = torch.tensor(table, dtype=torch.long)
-        p = torch.arange(k + n)
-        slots = blocks[p // bs] * bs + p % bs
-        rows.append(torch.nn.functional.pad(slots, (0, lk - (k + n))))
-    return torch.stack(rows)
+    out = torch.zeros(len(members), lk, dtype=torch.long)
+    for row, i in enumerate(members):
+        total = meta.num_computed[i] + meta.num_new[i]
+        blocks = torch.tensor(meta.block_tables[i], dtype=torch.long)
+        p = torch.arange(total)
+        out[row, :total] = blocks[p // bs] * bs + p % bs
+    return out

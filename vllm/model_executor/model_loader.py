@@ -10,7 +10,7 @@ from vllm.config.model import ModelConfig
 from vllm.logger import init_logger
 from vllm.model_executor.models.adapters import DenseLayer, RewardHead
 from vllm.model_executor.models.registry import load_model_class
-from vllm.model_executor.weight_utils import iterate_weights
+from vllm.model_executor.weight_utils import copy_param, iterate_weights
 
 logger = init_logger(__name__)
 
@@ -84,11 +84,12 @@ def _load(mc: ModelConfig, model: PoolingModel) -> None:
     def backbone_weights():
         nonlocal lm_head
         for name, tensor in iterate_weights(mc.path):
-            if name in head_params:
-                head_params[name].data.copy_(tensor)
-                loaded_head.add(name)
-                continue
             stripped = name[len(prefix):] if name.startswith(prefix) else name
+            key = name if name in head_params else stripped
+            if key in head_params:
+                copy_param(head_params[key], tensor, name)
+                loaded_head.add(key)
+                continue
             if stripped == "lm_head.weight" or name == "lm_head.weight":
                 lm_head = tensor
             if backbone.skip_weight(stripped):

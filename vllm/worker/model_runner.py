@@ -6,14 +6,12 @@ requests whose final token was computed.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
-from vllm.model_executor.attention_metadata import AttentionMetadata, build_padded_indices
+from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
 
@@ -118,8 +116,7 @@ class ModelRunner:
             slot_mapping=self._slot_mapping(out, positions) if self.uses_kv_cache else None,
             block_tables=[s.block_ids for s in out.scheduled], block_size=self.block_size,
             causal=self.config.model_config.is_causal)
-        if len(out.scheduled) > 1 or meta.reads_cache:
-            build_padded_indices(meta, dev)
+        build_groups(meta, dev)
         token_types = torch.tensor(types, dtype=torch.long, device=dev) if any_types else None
         return (torch.tensor(ids, dtype=torch.long, device=dev), positions.to(dev),
                 token_types, meta)
@@ -131,6 +128,3 @@ class ModelRunner:
             p = torch.arange(s.num_computed, s.num_computed + s.num_new)
             tables.append(blocks[p // self.block_size] * self.block_size + p % self.block_size)
         return torch.cat(tables).to(self.device)
-
-    def profile_kv_bytes(self) -> Optional[int]:
-        return self.num_blocks * self._bytes_per_block() if self.uses_kv_cache else None

@@ -140,7 +140,8 @@ class ServingContext:
         return list(value)
 
     async def tokenize(self, prompts: Sequence[Any], truncate: Optional[int],
-                       add_special_tokens: bool = True, param: str = "input") -> list[Any]:
+                       add_special_tokens: bool = True,
+                       param: Optional[str] = "input") -> list[Any]:
         try:
             return await self.engine.tokenize_prompts(
                 prompts, truncate_prompt_tokens=self.check_truncation(truncate),

@@ -54,7 +54,7 @@ class ServingScores:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
         params = ctx.make_params("embed")
-        prompts = await ctx.tokenize(text_1 + text_2, truncate, param="text_1")
+        prompts = await ctx.tokenize(text_1 + text_2, truncate, param=None)
         outputs = await ctx.run(http, prompts, params, base_id)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
         scores = [float(cosine_score(first[i].outputs.data.reshape(-1),

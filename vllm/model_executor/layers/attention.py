@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.model_executor.attention_metadata import AttentionGroup, AttentionMetadata
 
 
 class Attention(nn.Module):
@@ -38,18 +38,24 @@ class Attention(nn.Module):
         if self.kv_cache is not None and meta.slot_mapping is not None:
             self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-        if meta.num_reqs == 1 and not meta.reads_cache:
-            out = self._sdpa(q[None], k[None], v[None], None, meta.causal)
-            return out[0].reshape(t, -1)
-        qp = q[meta.query_index]                                   # [B, Lq, Hq, D]
-        if meta.reads_cache:
-            kp = self.kv_cache[0][meta.key_slots]                  # [B, Lk, Hkv, D]
-            vp = self.kv_cache[1][meta.key_slots]
+        if len(meta.groups) == 1 and meta.groups[0].valid is None and \
+                meta.groups[0].key_slots is None and meta.num_reqs == 1:
+            return self._sdpa(q[None], k[None], v[None], None, meta.causal)[0].reshape(t, -1)
+        out = q.new_empty(t, self.num_heads, self.head_dim)
+        for g in meta.groups:
+            out[g.flat] = self._group(q, k, v, g)
+        return out.reshape(t, -1)
+
+    def _group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               g: AttentionGroup) -> torch.Tensor:
+        qp = q[g.rows]                                             # [b, Lq, Hq, D]
+        if g.key_slots is not None:
+            kp = self.kv_cache[0][g.key_slots]                     # [b, Lk, Hkv, D]
+            vp = self.kv_cache[1][g.key_slots]
         else:
-            kp = k[meta.query_index]
-            vp = v[meta.query_index]
-        out = self._sdpa(qp, kp, vp, meta.attn_mask, False)        # [B, Lq, Hq, D]
-        return out[meta.query_valid].reshape(t, -1)
+            kp, vp = k[g.rows], v[g.rows]
+        o = self._sdpa(qp, kp, vp, g.mask, g.is_causal)            # [b, Lq, Hq, D]
+        return o[g.valid] if g.valid is not None else o.reshape(-1, *o.shape[2:])
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
