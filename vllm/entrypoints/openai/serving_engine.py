@@ -91,8 +91,9 @@ class ServingContext:
             f"{', '.join(self.served_routes())}.")
 
     def route_guard(self, route: str) -> Any:
-        """A dependency that answers 503/404 before the body is validated."""
-        def guard() -> str:
+        """A dependency that answers 503/404 before the body is validated (async, so
+        FastAPI runs it on the event loop rather than hopping to a worker thread)."""
+        async def guard() -> str:
             return self.task_for(route)
         return Depends(guard)
 
