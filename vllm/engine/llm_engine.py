@@ -61,7 +61,7 @@ class LLMEngine:
         params.verify(task, self.model_config)
         self.processor.check(prompt)
         self.scheduler.add_request(Request(request_id, prompt.prompt_token_ids, params,
-                                           prompt.token_type_ids))
+                                           prompt.token_type_ids, prompt.cache_salt))
 
     def verify_task(self, task: str) -> None:
         tasks = self.model_config.supported_tasks

@@ -15,6 +15,7 @@ PromptType = Union[str, list[int], dict[str, Any]]
 class TokenizedPrompt:
     prompt_token_ids: list[int]
     token_type_ids: Optional[list[int]] = None
+    cache_salt: Optional[str] = None   # separates prefix-cache entries (e.g. per tenant)
 
 
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
@@ -49,7 +50,11 @@ class InputProcessor:
                         add_special_tokens: bool = True) -> TokenizedPrompt:
         """str / {"prompt": str} / {"prompt_token_ids": [...]} / [int] -> checked ids."""
         trunc = self._truncation(truncate_prompt_tokens)
+        salt = None
         if isinstance(prompt, dict):
+            salt = prompt.get("cache_salt")
+            if salt is not None and not isinstance(salt, str):
+                raise ValueError("cache_salt must be a string.")
             if "prompt_token_ids" in prompt:
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
@@ -68,6 +73,7 @@ class InputProcessor:
         else:
             raise ValueError(f"A prompt must be a str, a list of token ids or a dict; got "
                              f"{type(prompt).__name__}.")
+        out.cache_salt = salt
         self.check(out)
         return out
 

@@ -21,14 +21,23 @@ MAX_PADDING_WASTE = 1.3
 
 @dataclass
 class AttentionGroup:
-    """Requests attended together: queries gathered to [b, Lq], keys to [b, Lk]."""
+    """Consecutive requests attended together (flat tokens `start:end`), one of three kinds:
 
-    rows: torch.Tensor                  # [b, Lq] flat index of each query (padding clamped)
-    valid: Optional[torch.Tensor]       # [b, Lq] bool; None when nothing is padded
-    flat: torch.Tensor                  # [t_g] flat index of the group's valid queries
-    key_slots: Optional[torch.Tensor]   # [b, Lk] cache slots when keys come from the cache
-    mask: Optional[torch.Tensor]        # [b, 1, Lq, Lk] bool, True = attend; None = no mask
-    is_causal: bool                     # let SDPA apply the (square) causal mask itself
+    - "view": equal lengths, nothing cached: one batched call on a zero-copy view;
+    - "loop": nothing cached, mixed lengths: one call per request on zero-copy slices
+      (cheaper on CPU than gathering into a padded batch);
+    - "padded": some keys are in the cache: queries gathered to [b, Lq], keys gathered
+      from their cache slots to [b, Lk], with an explicit causal mask.
+    """
+
+    kind: str
+    start: int
+    end: int
+    lengths: list[int]                  # n of each request, in flat order
+    rows: Optional[torch.Tensor] = None       # padded: [b, Lq] flat query index (clamped)
+    valid: Optional[torch.Tensor] = None      # padded: [b, Lq] bool, None if not padded
+    key_slots: Optional[torch.Tensor] = None  # padded: [b, Lk] cache slot of each key
+    mask: Optional[torch.Tensor] = None       # padded: [b, 1, Lq, Lk] bool, True = attend
 
 
 @dataclass
@@ -51,67 +60,73 @@ class AttentionMetadata:
         return self.query_start_loc[-1]
 
 
+def sort_key(num_computed: int, num_new: int) -> tuple[bool, int, int]:
+    """The runner's layout order: requests reading the cache first (grouped by shape),
+    then the rest longest first, so every group is a contiguous slice."""
+    return (num_computed == 0, -num_new, -(num_computed + num_new))
+
+
 def build_groups(meta: AttentionMetadata, device: torch.device) -> None:
-    """Bucket requests by shape and build each group's indices and mask."""
-    order = sorted(range(meta.num_reqs),
-                   key=lambda i: (-meta.num_new[i], -(meta.num_computed[i] + meta.num_new[i])))
-    meta.groups = [_make_group(meta, members, device) for members in _bucket(meta, order)]
+    """Split the requests (laid out in `sort_key` order) into attention groups once per
+    step; every layer reuses them."""
+    groups: list[AttentionGroup] = []
+    i = 0
+    while i < meta.num_reqs:
+        if meta.num_computed[i] > 0:
+            j = _padded_run_end(meta, i)
+            groups.append(_padded_group(meta, list(range(i, j)), device))
+        else:
+            j = i + 1
+            while j < meta.num_reqs and meta.num_computed[j] == 0 and \
+                    meta.num_new[j] == meta.num_new[i]:
+                j += 1
+            start, end = meta.query_start_loc[i], meta.query_start_loc[j]
+            if j - i == 1 and groups and groups[-1].kind == "loop":
+                groups[-1].end = end
+                groups[-1].lengths.append(meta.num_new[i])
+            else:
+                groups.append(AttentionGroup("view" if j - i > 1 else "loop", start, end,
+                                             meta.num_new[i:j]))
+        i = j
+    meta.groups = groups
 
 
-def _bucket(meta: AttentionMetadata, order: list[int]) -> list[list[int]]:
-    groups: list[list[int]] = []
-    current: list[int] = []
-    need = 0
-    max_n = max_l = 0
-    for i in order:
-        n, total = meta.num_new[i], meta.num_computed[i] + meta.num_new[i]
-        new_max_n, new_max_l = max(max_n, n), max(max_l, total)
-        padded = (len(current) + 1) * new_max_n * new_max_l
-        if current and padded > MAX_PADDING_WASTE * (need + n * total):
-            groups.append(current)
-            current, need, new_max_n, new_max_l = [], 0, n, total
-        current.append(i)
+def _padded_run_end(meta: AttentionMetadata, i: int) -> int:
+    """Extend a group of cache-reading requests while padding stays under the bound."""
+    need = max_n = max_l = 0
+    j = i
+    while j < meta.num_reqs and meta.num_computed[j] > 0:
+        n, total = meta.num_new[j], meta.num_computed[j] + meta.num_new[j]
+        padded = (j - i + 1) * max(max_n, n) * max(max_l, total)
+        if j > i and padded > MAX_PADDING_WASTE * (need + n * total):
+            break
         need += n * total
-        max_n, max_l = new_max_n, new_max_l
-    if current:
-        groups.append(current)
-    return groups
+        max_n, max_l = max(max_n, n), max(max_l, total)
+        j += 1
+    return j
 
 
-def _make_group(meta: AttentionMetadata, members: list[int],
-                device: torch.device) -> AttentionGroup:
+def _padded_group(meta: AttentionMetadata, members: list[int],
+                  device: torch.device) -> AttentionGroup:
     n = torch.tensor([meta.num_new[i] for i in members])
     k = torch.tensor([meta.num_computed[i] for i in members])
-    start = torch.tensor([meta.query_start_loc[i] for i in members])
     lq = int(n.max())
     pos = torch.arange(lq)
     valid = pos[None, :] < n[:, None]
     last = torch.minimum(pos[None, :], n[:, None] - 1)
-    rows = start[:, None] + last
-    flat = rows[valid]
+    rows = torch.tensor([meta.query_start_loc[i] for i in members])[:, None] + last
+    total = k + n
+    lk = int(total.max())
+    kpos = torch.arange(lk)[None, None, :]
+    mask = kpos < total[:, None, None]
+    if meta.causal:
+        mask = mask & (kpos <= (k[:, None] + last)[:, :, None])
     uniform = bool((n == lq).all())
-    reads_cache = bool((k > 0).any())
-    key_slots = mask = None
-    if reads_cache:
-        total = k + n
-        lk = int(total.max())
-        kpos = torch.arange(lk)
-        key_slots = _key_slots(meta, members, lk)
-        q_abs = k[:, None] + last
-        mask = (kpos[None, None, :] < total[:, None, None]) & \
-               (kpos[None, None, :] <= q_abs[:, :, None]) if meta.causal else \
-            (kpos[None, None, :] < total[:, None, None]).expand(-1, lq, -1)
-        mask = mask[:, None]
-    elif not uniform:
-        key_valid = valid[:, None, :]
-        mask = key_valid & (pos[None, None, :] <= last[:, :, None]) if meta.causal \
-            else key_valid.expand(-1, lq, -1)
-        mask = mask[:, None]
     return AttentionGroup(
-        rows=rows.to(device), valid=None if uniform else valid.to(device),
-        flat=flat.to(device), key_slots=None if key_slots is None else key_slots.to(device),
-        mask=None if mask is None else mask.to(device),
-        is_causal=meta.causal and mask is None)
+        "padded", meta.query_start_loc[members[0]], meta.query_start_loc[members[-1] + 1],
+        [meta.num_new[i] for i in members], rows=rows.to(device),
+        valid=None if uniform else valid.to(device),
+        key_slots=_key_slots(meta, members, lk).to(device), mask=mask[:, None].to(device))
 
 
 def _key_slots(meta: AttentionMetadata, members: list[int], lk: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
-from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups
+from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups, sort_key
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
 
@@ -84,6 +84,8 @@ class ModelRunner:
         """Run the scheduled tokens; return pooled outputs of requests that finished."""
         if not out.scheduled:
             return {}
+        # Lay requests out by shape so attention buckets are contiguous slices.
+        out.scheduled.sort(key=lambda s: sort_key(s.num_computed, s.num_new))
         input_ids, positions, token_types, meta = self._prepare(out)
         hidden = self.model(input_ids, positions, meta, token_types)
         slices, ids = [], []

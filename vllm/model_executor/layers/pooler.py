@@ -44,8 +44,8 @@ class Pooler:
 
     # ----- one vector per request ----------------------------------------------------
     def _vectors(self, hidden: torch.Tensor, slices: list[PoolingSlice]) -> list[torch.Tensor]:
-        pooled = torch.stack([self._pool_one(hidden, s) for s in slices]) \
-            if self.pooling_type == "MEAN" else hidden[self._row_index(slices, hidden.device)]
+        pooled = _mean_pool(hidden, slices) if self.pooling_type == "MEAN" \
+            else hidden[self._row_index(slices, hidden.device)]
         tasks = {s.params.task for s in slices}
         if self.head is not None and tasks & {"classify", "score", "encode", "reward"}:
             pooled = self.head(pooled)
@@ -63,10 +63,6 @@ class Pooler:
                 _require_whole(s, "CLS")
             rows = [s.start for s in slices]
         return torch.tensor(rows, device=device)
-
-    def _pool_one(self, hidden: torch.Tensor, s: PoolingSlice) -> torch.Tensor:
-        _require_whole(s, "MEAN")
-        return hidden[s.start: s.start + s.num_new].float().mean(0).to(hidden.dtype)
 
     def _post(self, vec: torch.Tensor, p: PoolingParams) -> torch.Tensor:
         if p.task == "embed":
@@ -96,6 +92,20 @@ class Pooler:
             if p.returned_token_ids:
                 rows = rows[:, p.returned_token_ids]
         return rows.cpu()
+
+
+def _mean_pool(hidden: torch.Tensor, slices: list[PoolingSlice]) -> torch.Tensor:
+    """Per-request mean of its rows, summed in float32 in one pass over the step."""
+    segment = torch.full((hidden.shape[0],), len(slices), dtype=torch.long)
+    for i, s in enumerate(slices):
+        _require_whole(s, "MEAN")
+        segment[s.start: s.start + s.num_new] = i
+    sums = torch.zeros(len(slices) + 1, hidden.shape[1], dtype=torch.float32,
+                       device=hidden.device)
+    sums.index_add_(0, segment.to(hidden.device), hidden.float())
+    counts = torch.tensor([s.num_new for s in slices], dtype=torch.float32,
+                          device=hidden.device)
+    return (sums[:-1] / counts[:, None]).to(hidden.dtype)
 
 
 def _require_whole(s: PoolingSlice, kind: str) -> None:

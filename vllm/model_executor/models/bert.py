@@ -66,8 +66,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv(x).split(self.shard_sizes, dim=-1)
-        x = self.attn_norm(x + self.attn_out(self.attn(q, k.contiguous(), v.contiguous(),
-                                                       meta)))
+        x = self.attn_norm(x + self.attn_out(self.attn(q, k, v, meta)))
         return self.out_norm(x + self.out(self.act(self.intermediate(x))))
 
 

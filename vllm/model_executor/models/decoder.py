@@ -50,7 +50,7 @@ class DecoderAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v.contiguous(), meta)
+        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta)
         return self.o_proj(out)
 
 
