@@ -339,9 +339,10 @@ def test_kv_allocate_slots_grows_a_partial_request():
 # ------------------------------------------------------------------ scheduler
 
 def _sched(num_blocks=64, budget=32, max_seqs=128, chunked=True, max_model_len=64,
-           caching=True, block_size=BS):
+           caching=True, block_size=BS, cap=0):
+    """cap=0: no per-request chunk cap, so one request may take the whole budget."""
     cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                          enable_chunked_prefill=chunked)
+                          enable_chunked_prefill=chunked, long_prefill_token_threshold=cap)
     cfg.finalize(max_model_len)
     return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching))
 
@@ -403,6 +404,22 @@ def test_chunked_prefill_splits_a_long_prompt():
         [(x.num_computed, x.num_new, x.finishes) for x in out.scheduled]))
     assert steps == [[(0, 32, False)], [(32, 32, False)], [(64, 32, False)], [(96, 4, True)]]
     assert r.num_steps == 4 and r.status is RequestStatus.FINISHED
+
+
+def test_long_prompt_interleaves_with_short_ones_under_the_default_cap():
+    """By default (chunked prefill) one request takes at most half the budget per step,
+    so a short request arriving behind a long one runs in the first step."""
+    s = _sched(budget=32, max_model_len=128, cap=None)
+    assert s.config.long_prefill_token_threshold == 16
+    long, short = _req("long", _toks(100)), _req("short", _toks(5, 500))
+    s.add_request(long)
+    s.add_request(short)
+    first = s.schedule()
+    assert [(x.request.request_id, x.num_new) for x in first.scheduled] == \
+        [("long", 16), ("short", 5)]
+    assert [r.request_id for r in s.update(first)] == ["short"]
+    finished = _run(s)
+    assert [r.request_id for r in finished] == ["long"] and long.num_steps == 7
 
 
 def test_chunked_prefill_fills_leftover_budget_with_waiting_requests():

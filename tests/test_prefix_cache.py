@@ -284,9 +284,12 @@ def _pressure_prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def pressure_run(qwen3_cls_dir):
-    """50 requests through a pool of 40 blocks, chunked with a small budget."""
+    """50 requests through a pool of 40 blocks, chunked: a 128-token budget with at most
+    32 tokens per request lets four long prompts be half-computed at once (4 x 19 blocks
+    > 40), so running requests must be preempted."""
     llm = LLM(qwen3_cls_dir, block_size=BLOCK, max_model_len=PRESSURE_MAX_LEN,
-              num_gpu_blocks_override=PRESSURE_BLOCKS, max_num_batched_tokens=64)
+              num_gpu_blocks_override=PRESSURE_BLOCKS, max_num_batched_tokens=128,
+              long_prefill_token_threshold=32)
     prompts = _pressure_prompts()
     outs = _run(llm, "classify", prompts)
     return llm, prompts, outs

@@ -14,6 +14,9 @@ class SchedulerConfig:
     max_num_batched_tokens: Optional[int] = None
     max_num_seqs: int = 128
     enable_chunked_prefill: Optional[bool] = None
+    # Most tokens one request may take in a step (chunked prefill only), so a long prompt
+    # leaves room for others in every step. None: half the budget; 0: no cap.
+    long_prefill_token_threshold: Optional[int] = None
     max_model_len: int = 0
 
     def finalize(self, max_model_len: int) -> None:
@@ -27,9 +30,20 @@ class SchedulerConfig:
                                                      max_model_len)
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1.")
+        if self.long_prefill_token_threshold is None:
+            self.long_prefill_token_threshold = max(1, self.max_num_batched_tokens // 2)
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be 0 (no cap) or positive.")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
                 f"max_model_len ({max_model_len}) while chunked prefill is off, so a long "
                 "prompt could never be scheduled. Raise max_num_batched_tokens, lower "
                 "max_model_len, or enable chunked prefill (causal LAST-pooling models only).")
+
+    @property
+    def chunk_cap(self) -> Optional[int]:
+        """The per-request token cap in a step; None without chunking or without a cap."""
+        if not self.enable_chunked_prefill or not self.long_prefill_token_threshold:
+            return None
+        return self.long_prefill_token_threshold

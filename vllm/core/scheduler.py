@@ -79,7 +79,7 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(req.num_remaining, budget)
+            n = self._chunk(req.num_remaining, budget)
             while not self.kv.allocate_slots(req, n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -100,7 +100,7 @@ class Scheduler:
             n = req.num_tokens - num_hit
             if n > budget and not chunked:
                 break
-            n = min(n, budget)
+            n = self._chunk(n, budget)
             req.num_computed_tokens = num_hit
             if not self.kv.allocate_slots(req, n, hits):
                 req.num_computed_tokens = 0
@@ -113,6 +113,12 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, num_hit, n, self.kv.block_ids(req)))
             budget -= n
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a request gets now: what remains, within the budget and the per-request
+        cap (with chunked prefill the cap lets long prompts interleave with short ones)."""
+        cap = self.config.chunk_cap
+        return min(remaining, budget, cap) if cap is not None else min(remaining, budget)
 
     def _preempt(self, req: Request) -> None:
         """Free a running request's blocks; it restarts later (its hashed blocks may

@@ -20,7 +20,7 @@ IGNORED_ARGS = (
     "async_scheduling", "disable_log_requests", "enable_log_requests", "allowed_local_media_path",
     "calculate_kv_scales", "override_generation_config", "generation_config",
     "guided_decoding_backend", "logits_processor_pattern", "model_impl", "scheduling_policy",
-    "long_prefill_token_threshold", "max_num_partial_prefills", "cuda_graph_sizes",
+    "max_num_partial_prefills", "cuda_graph_sizes",
 )
 # Arguments that would change results or resources and that this engine cannot honour:
 # name -> the value that means "off".
@@ -52,6 +52,7 @@ class EngineArgs:
     enable_chunked_prefill: Optional[bool] = None
     max_num_batched_tokens: Optional[int] = None
     max_num_seqs: int = 128
+    long_prefill_token_threshold: Optional[int] = None
     num_gpu_blocks_override: Optional[int] = None
 
     @classmethod
@@ -90,5 +91,6 @@ class EngineArgs:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
-            enable_chunked_prefill=self.enable_chunked_prefill)
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold)
         return VllmConfig(model_config, cache_config, scheduler_config)

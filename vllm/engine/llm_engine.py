@@ -1,6 +1,7 @@
 """LLMEngine: requests in, pooled outputs out, one scheduler step at a time."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -108,14 +109,13 @@ class LLMEngine:
 
     @property
     def stats(self) -> EngineStats:
-        s = self._stats
-        s.prefix_cache_queries = self.kv.prefix_cache_queries
-        s.prefix_cache_hits = self.kv.prefix_cache_hits
-        s.num_evictions = self.kv.pool.num_evictions
-        s.num_preemptions = self.scheduler.num_preemptions
-        s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting)
-        return s
+        """A snapshot of the counters (a new object on every read)."""
+        return dataclasses.replace(
+            self._stats, prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_evictions=self.kv.pool.num_evictions,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting))
 
     def get_tokenizer(self):
         return self.tokenizer
