@@ -20,7 +20,7 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_
                   "hf_overrides", "override_pooler_config", "trust_remote_code", "revision",
                   "device", "seed", "block_size", "enable_prefix_caching",
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
-                  "num_gpu_blocks_override")
+                  "long_prefill_token_threshold", "num_gpu_blocks_override")
 # vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
 _IGNORED_SWITCHES = frozenset({
     "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
@@ -141,6 +141,10 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "prefill off, at least max_model_len).")
     engine.add_argument("--max-num-seqs", type=int, default=128,
                         help="Most requests in one engine step (default 128).")
+    engine.add_argument("--long-prefill-token-threshold", type=_human_int, default=None,
+                        help="Most tokens one request may take in a step with chunked "
+                        "prefill, so long prompts interleave with short ones (default half "
+                        "the budget; 0 = no cap).")
     engine.add_argument("--num-gpu-blocks-override", type=int, default=None,
                         help="Fix the number of KV-cache blocks (testing).")
 
