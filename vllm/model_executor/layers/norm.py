@@ -1,5 +1,6 @@
-"""RMSNorm as decoder checkpoints define it (computed in float32)."""
+"""RMSNorm as decoder checkpoints define it (normalised in float32)."""
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -10,7 +11,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
+        return self.weight * normed.to(x.dtype)

@@ -15,7 +15,7 @@ from torch import nn
 from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.norm import RMSNorm
-from vllm.model_executor.layers.rotary import RotaryEmbedding, rope_parameters
+from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
 from vllm.model_executor.weight_utils import copy_param, copy_shard
 
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -37,11 +37,9 @@ class DecoderAttention(nn.Module):
         eps = getattr(config, "rms_norm_eps", 1e-6)
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
-        self.rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings,
-                                      rope_parameters(config))
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
@@ -49,7 +47,7 @@ class DecoderAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta)
         return self.o_proj(out)
 
@@ -79,9 +77,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = DecoderMLP(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta)
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -102,6 +100,9 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, self.qk_norm)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6))
+        attn = self.layers[0].self_attn
+        self.rotary = RotaryEmbedding(attn.head_dim, config.max_position_embeddings,
+                                      rope_parameters(config))
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]
@@ -110,8 +111,9 @@ class DecoderModel(nn.Module):
                 meta: AttentionMetadata,
                 token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, meta)
+            x = layer(x, rope, meta)
         return self.norm(x)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
