@@ -38,29 +38,37 @@ class Attention(nn.Module):
         if self.kv_cache is not None and meta.slot_mapping is not None:
             self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-        outs = [self._group(q, k, v, g, meta.causal) for g in meta.groups]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return out.reshape(t, -1)
+        if len(meta.groups) == 1 and meta.groups[0].kind != "loop":
+            return self._group(q, k, v, meta.groups[0], meta.causal).reshape(t, -1)
+        out = q.new_empty(t, self.num_heads, self.head_dim)
+        for g in meta.groups:
+            if g.kind == "loop":
+                self._loop(q, k, v, g, meta.causal, out)
+            else:
+                out[g.start: g.end] = self._group(q, k, v, g, meta.causal)
+        return out.view(t, -1)
 
     def _group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: AttentionGroup, causal: bool) -> torch.Tensor:
-        """Attention of one group; returns its [t_g, Hq, D] rows in flat order."""
+        """Attention of a "view" or "padded" group: its [t_g, Hq, D] rows in flat order."""
         if g.kind == "view":
             b = len(g.lengths)
             o = self._sdpa(*(self._view(x, g.start, g.end, b) for x in (q, k, v)), None, causal)
             return o.reshape(-1, self.num_heads, self.head_dim)
-        if g.kind == "loop":
-            outs, s = [], g.start
-            for n in g.lengths:
-                o = self._sdpa(*(self._view(x, s, s + n, 1) for x in (q, k, v)), None, causal)
-                outs.append(o[0])
-                s += n
-            return torch.cat(outs)
         qp = q[g.rows]                                             # [b, Lq, Hq, D]
         kp = self.kv_cache[0][g.key_slots]                         # [b, Lk, Hkv, D]
         vp = self.kv_cache[1][g.key_slots]
         o = self._sdpa(qp, kp, vp, g.mask, False)                  # [b, Lq, Hq, D]
         return o[g.valid] if g.valid is not None else o.reshape(-1, *o.shape[2:])
+
+    def _loop(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: AttentionGroup,
+              causal: bool, out: torch.Tensor) -> None:
+        """One call per request on zero-copy slices, written straight into `out`."""
+        s = g.start
+        for n in g.lengths:
+            o = self._sdpa(*(self._view(x, s, s + n, 1) for x in (q, k, v)), None, causal)
+            out[s: s + n] = o[0]
+            s += n
 
     @staticmethod
     def _view(x: torch.Tensor, start: int, end: int, b: int) -> torch.Tensor:
