@@ -1,0 +1,144 @@
+"""Embedding throughput: this engine vs sentence-transformers on the bundled MiniLM.
+
+512 English-looking texts (8-200 words, uniform, fixed seed; at most ~230 MiniLM tokens so
+nothing is truncated at max_seq_length=256) through all-MiniLM-L6-v2, both in this process:
+`LLM(dir).embed(texts)` vs `SentenceTransformer(dir, device="cpu").encode(texts,
+batch_size=32)` (which sorts by length and pads each batch). Interleaved runs, medians.
+Prints texts/s, tokens/s (real tokens, specials included, no padding), the ratio, the
+largest cosine deviation (1 - cos) between the two outputs, and the model FLOP utilisation
+of both (common.FLOP_FORMULA, against bench_peak's measured peak for the dtype).
+
+`--dtype bfloat16` runs this engine in bfloat16 (only on CPUs with AVX512-BF16 or AMX;
+elsewhere it prints a skip line) against float32 sentence-transformers, and reports its
+cosine against the float32 outputs. `--composition short|long` swaps the text mix (8-32
+or 150-200 words) for the throughput plot.
+
+    python benchmarks/bench_embed.py [--dtype bfloat16] [--composition mixed] [--quick]
+
+Writes results/bench_embed[_COMPOSITION][_bfloat16].json.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_peak import measured_peak  # noqa: E402
+from common import (FLOP_FORMULA, block_linear_params, empty_prefix_cache,  # noqa: E402
+                    has_fast_bf16, interleave, make_texts, median, minilm_dir, model_flops,
+                    warn_if_over_peak, write_json)
+
+COMPOSITIONS = {"short": (8, 32), "mixed": (8, 200), "long": (150, 200)}
+MAX_SEQ = 256
+
+
+def result_name(composition: str, dtype: str) -> str:
+    return "bench_embed" + ("" if composition == "mixed" else f"_{composition}") + \
+        ("" if dtype == "float32" else f"_{dtype}")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def vectors(outputs) -> np.ndarray:
+    return np.array([o.outputs.embedding for o in outputs], dtype=np.float64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--texts", type=int, default=512)
+    ap.add_argument("--composition", choices=COMPOSITIONS, default="mixed")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="this engine's dtype (sentence-transformers stays float32)")
+    ap.add_argument("--batch-size", type=int, default=32, help="sentence-transformers' batch")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 128 texts, 3 repeats")
+    args = ap.parse_args()
+    if args.quick:
+        args.texts, args.repeats = min(args.texts, 128), min(args.repeats, 3)
+    name = result_name(args.composition, args.dtype)
+    if args.dtype == "bfloat16" and not has_fast_bf16():
+        print("skip: bfloat16 needs AVX512-BF16 or AMX (not in /proc/cpuinfo flags)")
+        write_json(name, {"skipped": "no avx512_bf16 / amx_bf16 on this CPU"})
+        return
+
+    from sentence_transformers import SentenceTransformer
+    from vllm import LLM
+
+    model_dir = minilm_dir()
+    texts = make_texts(args.texts, *COMPOSITIONS[args.composition], seed=args.seed)
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    assert st.max_seq_length == MAX_SEQ, st.max_seq_length
+    lengths = [len(ids) for ids in st.tokenizer(texts, truncation=True,
+                                                max_length=MAX_SEQ)["input_ids"]]
+    truncated = sum(len(ids) > MAX_SEQ for ids in st.tokenizer(texts)["input_ids"])
+    bert = st[0].auto_model
+    cfg = bert.config
+    flops = model_flops(lengths, block_linear_params(bert.encoder), cfg.num_hidden_layers,
+                        cfg.hidden_size)
+    llm = LLM(str(model_dir), dtype=args.dtype)
+
+    engine = f"vllm ({args.dtype})"
+    baseline = "sentence-transformers (float32)"
+    def run_engine():
+        empty_prefix_cache(llm)   # no reuse of the previous run's blocks
+        return llm.embed(texts, use_tqdm=False)
+
+    runs = {engine: run_engine,
+            baseline: lambda: st.encode(texts, batch_size=args.batch_size)}
+    ours, ref = vectors(runs[engine]()), runs[baseline]()   # warm-up + equality check
+    cos_ref = cosines(ours, ref)
+    extra = {}
+    if args.dtype != "float32":   # also against this engine's own float32 output
+        fp32 = LLM(str(model_dir), dtype="float32")
+        cos_own = cosines(ours, vectors(fp32.embed(texts, use_tqdm=False)))
+        del fp32
+        extra = {"min_cosine_vs_st_float32": float(cos_ref.min()),
+                 "min_cosine_vs_engine_float32": float(cos_own.min())}
+
+    times = interleave(runs, args.repeats)
+    peak = {engine: measured_peak(args.dtype), baseline: measured_peak("float32")}
+    n_tok = sum(lengths)
+    rows = {}
+    for label, t in times.items():
+        sec = median(t)
+        rows[label] = {"texts_per_s": len(texts) / sec, "tokens_per_s": n_tok / sec,
+                       "model_gflops": flops / sec / 1e9, "peak_gflops": peak[label],
+                       "mfu": flops / sec / 1e9 / peak[label]}
+    ratio = rows[engine]["texts_per_s"] / rows[baseline]["texts_per_s"]
+    max_dev = float(1 - cos_ref.min())
+
+    print(f"{len(texts)} texts ({args.composition}, {COMPOSITIONS[args.composition][0]}-"
+          f"{COMPOSITIONS[args.composition][1]} words), {n_tok} tokens "
+          f"(mean {n_tok / len(texts):.0f}, max {max(lengths)}, truncated {truncated}), "
+          f"{flops / 1e12:.2f} model TFLOP per pass, {args.repeats} interleaved repeats")
+    print(f"{'setting':<32} {'texts/s':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'MFU':>6}")
+    for label, r in rows.items():
+        print(f"{label:<32} {r['texts_per_s']:>8.1f} {r['tokens_per_s']:>9.0f} "
+              f"{r['model_gflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
+    line = f"ratio {ratio:.2f}x; max cosine deviation vs sentence-transformers {max_dev:.2e}"
+    if extra:
+        line += f"; min cosine vs float32 engine {extra['min_cosine_vs_engine_float32']:.6f}"
+    print(line)
+    warn_if_over_peak({k: r["mfu"] for k, r in rows.items()})
+    write_json(name, {
+        "texts": len(texts), "composition": args.composition,
+        "words": list(COMPOSITIONS[args.composition]), "seed": args.seed,
+        "tokens": n_tok, "max_tokens": max(lengths), "truncated": truncated,
+        "dtype": args.dtype, "baseline_dtype": "float32", "batch_size": args.batch_size,
+        "repeats": args.repeats, "quick": args.quick,
+        "model_tflop_per_pass": flops / 1e12, "flop_formula": FLOP_FORMULA,
+        "seconds": times, "results": rows, "engine": engine, "baseline": baseline, "ratio": ratio,
+        "max_cosine_deviation": max_dev, **extra})
+
+
+if __name__ == "__main__":
+    main()

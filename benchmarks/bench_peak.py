@@ -1,0 +1,116 @@
+"""The machine's own dense matmul rate (GFLOP/s), float32 and bfloat16, measured with torch.
+
+Shapes: a square 2048^3 matmul and the shapes of the models benchmarked here (MiniLM's
+FFN, [4096 tokens x 384] @ [384 x 1536] and back; the causal classifier's gate/up
+projection, [4096 x 512] @ [512 x 1408]). Each shape runs in timed chunks of several calls;
+a shape's rate is its best chunk, and the peak for a dtype is the best shape. The other
+benchmarks divide their achieved model FLOP/s by this peak (model FLOP utilisation, MFU).
+
+    python benchmarks/bench_peak.py [--quick]
+
+`measured_peak(dtype)` returns the peak in GFLOP/s, from results/peak.json when that file
+was measured on this machine with this torch and thread count, else measuring it (and
+writing the file). A rerun on the same machine keeps the best peak seen so far (a
+measurement taken while other work shares the CPU only ever reads low), and records this
+run's own figure beside it. Writes results/peak.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from common import RESULTS, has_fast_bf16, machine_info, write_json  # noqa: E402
+
+SHAPES = [(2048, 2048, 2048), (4096, 384, 1536), (4096, 1536, 384), (4096, 512, 1408)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def matmul_gflops(dtype: torch.dtype, shape: tuple[int, int, int], chunks: int = 5,
+                  min_chunk_s: float = 0.2) -> dict:
+    """Rate of [m x k] @ [k x n] in `dtype`: best and median over `chunks` timed chunks."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(k, n, generator=gen).to(dtype)
+    out = torch.empty(m, n, dtype=dtype)
+    torch.matmul(a, b, out=out)  # warm-up; also sizes the chunks
+    start = time.perf_counter()
+    torch.matmul(a, b, out=out)
+    calls = max(1, int(min_chunk_s / max(time.perf_counter() - start, 1e-6)))
+    rates = []
+    for _ in range(chunks):
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.matmul(a, b, out=out)
+        rates.append(2 * m * k * n * calls / (time.perf_counter() - start) / 1e9)
+    rates.sort()
+    return {"shape": list(shape), "best_gflops": rates[-1],
+            "median_gflops": rates[len(rates) // 2], "calls_per_chunk": calls}
+
+
+def measure(quick: bool = False) -> dict:
+    chunks, min_chunk_s = (3, 0.1) if quick else (5, 0.25)
+    results = {}
+    for name, dtype in DTYPES.items():
+        rows = [matmul_gflops(dtype, s, chunks, min_chunk_s) for s in SHAPES]
+        results[name] = {"peak_gflops": max(r["best_gflops"] for r in rows), "shapes": rows}
+    return results
+
+
+def _key() -> dict:
+    info = machine_info()
+    return {k: info[k] for k in ("processor", "cpu_count", "torch", "threads")}
+
+
+def _cached() -> dict:
+    """peak.json's per-dtype figures when measured on this machine/torch/threads, else {}."""
+    path = RESULTS / "peak.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        if data.get("key") == _key():
+            return data.get("dtypes", {})
+    return {}
+
+
+def measured_peak(dtype: str | torch.dtype = "float32", refresh: bool = False) -> float:
+    """Peak dense matmul rate of this machine in `dtype`, GFLOP/s (cached in peak.json)."""
+    name = {v: k for k, v in DTYPES.items()}.get(dtype, dtype)
+    cached = {} if refresh else _cached()
+    if name in cached:
+        return cached[name]["peak_gflops"]
+    return run(quick=True)["dtypes"][name]["peak_gflops"]
+
+
+def run(quick: bool = False) -> dict:
+    dtypes, before = measure(quick), _cached()
+    for name, res in dtypes.items():
+        res["this_run_gflops"] = res["peak_gflops"]
+        res["peak_gflops"] = max(res["peak_gflops"], before.get(name, {}).get("peak_gflops", 0))
+    print(f"{'dtype':<9} {'shape (m x k x n)':<20} {'best GFLOP/s':>13} {'median':>8}")
+    for name, res in dtypes.items():
+        for r in res["shapes"]:
+            shape = " x ".join(map(str, r["shape"]))
+            print(f"{name:<9} {shape:<20} {r['best_gflops']:>13.1f} {r['median_gflops']:>8.1f}")
+    print("peak (best seen on this machine): " + ", ".join(
+        f"{n} {r['peak_gflops']:.1f} GFLOP/s" for n, r in dtypes.items())
+          + ("" if has_fast_bf16() else " (no AVX512-BF16/AMX: bfloat16 is emulated)"))
+    payload = {"key": _key(), "quick": quick, "native_bf16": has_fast_bf16(), "dtypes": dtypes}
+    write_json("peak", payload)
+    return payload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer, shorter timed chunks")
+    run(quick=ap.parse_args().quick)
+
+
+if __name__ == "__main__":
+    main()

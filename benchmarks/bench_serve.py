@@ -1,0 +1,215 @@
+"""Serving throughput and latency: `vllm serve` on loopback vs offline `LLM.embed`.
+
+Starts `python -m vllm.entrypoints.cli.main serve <MiniLM dir> --host 127.0.0.1 --port P`
+in a subprocess (access log off; waits on /health; always terminated in `finally`) and
+drives POST /v1/embeddings with 1, 8 and 32 concurrent clients (httpx.AsyncClient, one
+text per request, 256 requests per level; the same 8-200-word texts as bench_embed). In
+this process, offline `LLM(dir).embed(texts)` runs on the same texts; each repeat runs
+offline, then every level, so noise hits all alike. Reports requests/s (median over
+repeats), p50/p99 latency (over all repeats' requests), model FLOP utilisation, and each
+level's ratio to the offline texts/s; then one short input, sequentially at 1 client
+(p50) vs the offline single-request time (median), interleaved in rounds.
+The client shares the CPU with the server, as it would on a one-box deployment.
+
+    python benchmarks/bench_serve.py [--quick] [--concurrency 1,8,32] [--requests 256]
+
+Writes results/bench_serve.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_peak import measured_peak  # noqa: E402
+from common import (FLOP_FORMULA, block_linear_params, make_texts, median,  # noqa: E402
+                    minilm_dir, model_flops, warn_if_over_peak, write_json)
+
+SHORT = "What is the capital of France?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]  # nearest rank
+
+
+class Server:
+    """`vllm serve` in a subprocess, its output in a log file."""
+
+    def __init__(self, model_dir: pathlib.Path, access_log: bool):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_serve_", suffix=".log",
+                                               delete=False)
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+               "--host", "127.0.0.1", "--port", str(self.port)]
+        if not access_log:
+            cmd.append("--disable-uvicorn-access-log")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+
+    def wait_healthy(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"server not healthy after {timeout:.0f}s:\n{self.tail()}")
+
+    def tail(self, n: int = 30) -> str:
+        self.log.flush()
+        return "".join(pathlib.Path(self.log.name).read_text().splitlines(True)[-n:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+async def drive(url: str, model: str, texts: list[str], clients: int) -> tuple[float, list]:
+    """Send every text once from `clients` concurrent workers; (wall seconds, latencies)."""
+    latencies: list[float] = []
+    queue = iter(range(len(texts)))
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+        async def worker():
+            for i in queue:
+                start = time.perf_counter()
+                r = await client.post("/v1/embeddings", json={"model": model, "input": texts[i]})
+                latencies.append(time.perf_counter() - start)
+                if r.status_code != 200 or len(r.json()["data"][0]["embedding"]) != 384:
+                    raise RuntimeError(f"request {i}: {r.status_code} {r.text[:200]}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return time.perf_counter() - start, latencies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=256, help="requests per level and repeat")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--short-rounds", type=int, default=5,
+                    help="rounds of 10 offline + 10 served single short requests")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--access-log", action="store_true", help="keep uvicorn's access log on")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 64 requests, 2 repeats")
+    args = ap.parse_args()
+    if args.quick:
+        args.requests, args.repeats = min(args.requests, 64), min(args.repeats, 2)
+        args.short_rounds = min(args.short_rounds, 2)
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from vllm import LLM
+
+    model_dir = minilm_dir()
+    texts = make_texts(args.requests, 8, 200, seed=args.seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [len(ids) for ids in tok(texts, truncation=True, max_length=256)["input_ids"]]
+    cfg = AutoConfig.from_pretrained(model_dir)
+    linear = block_linear_params(AutoModel.from_pretrained(model_dir).encoder)
+    flops = model_flops(lengths, linear, cfg.num_hidden_layers, cfg.hidden_size)
+    peak = measured_peak("float32")
+
+    server = Server(model_dir, args.access_log)
+    try:
+        server.wait_healthy()
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        llm = LLM(str(model_dir))
+        offline = lambda: llm.embed(texts, use_tqdm=False)  # noqa: E731
+        offline()                                            # warm-up, both sides
+        asyncio.run(drive(server.url, model, texts, max(levels)))
+
+        walls: dict = {"offline": []}
+        walls.update({c: [] for c in levels})
+        lats: dict = {c: [] for c in levels}
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            offline()
+            walls["offline"].append(time.perf_counter() - start)
+            for c in levels:
+                wall, lat = asyncio.run(drive(server.url, model, texts, c))
+                walls[c].append(wall)
+                lats[c] += lat
+
+        single_off, single_srv = [], []
+        for _ in range(args.short_rounds):
+            for _ in range(10):
+                start = time.perf_counter()
+                llm.embed(SHORT, use_tqdm=False)
+                single_off.append(time.perf_counter() - start)
+            single_srv += asyncio.run(drive(server.url, model, [SHORT] * 10, 1))[1]
+    finally:
+        server.stop()
+
+    off_rate = len(texts) / median(walls["offline"])
+    rows = {"offline LLM.embed": {
+        "requests_per_s": off_rate, "p50_ms": None, "p99_ms": None, "ratio_to_offline": 1.0,
+        "mfu": flops / median(walls["offline"]) / 1e9 / peak}}
+    for c in levels:
+        rate = len(texts) / median(walls[c])
+        rows[f"serve, {c} client{'s' if c != 1 else ''}"] = {
+            "clients": c, "requests_per_s": rate, "p50_ms": 1e3 * percentile(lats[c], 50),
+            "p99_ms": 1e3 * percentile(lats[c], 99), "ratio_to_offline": rate / off_rate,
+            "mfu": flops / median(walls[c]) / 1e9 / peak}
+    short = {"text": SHORT, "offline_median_ms": 1e3 * median(single_off),
+             "serve_p50_ms": 1e3 * percentile(single_srv, 50),
+             "serve_p99_ms": 1e3 * percentile(single_srv, 99)}
+    short["ratio"] = short["serve_p50_ms"] / short["offline_median_ms"]
+
+    print(f"{len(texts)} texts (8-200 words), {sum(lengths)} tokens, {args.repeats} repeats "
+          f"of offline + every level; peak {peak:.0f} GFLOP/s float32")
+    print(f"{'setting':<20} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs offline':>10} "
+          f"{'MFU':>6}")
+    for label, r in rows.items():
+        p50 = "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}"
+        p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
+        print(f"{label:<20} {r['requests_per_s']:>7.1f} {p50:>8} {p99:>8} "
+              f"{r['ratio_to_offline']:>9.2f}x {100 * r['mfu']:>5.1f}%")
+    print(f"one short input ({len(tok(SHORT)['input_ids'])} tokens): serve p50 "
+          f"{short['serve_p50_ms']:.1f} ms vs offline {short['offline_median_ms']:.1f} ms "
+          f"({short['ratio']:.2f}x)")
+    warn_if_over_peak({k: r["mfu"] for k, r in rows.items()})
+    write_json("bench_serve", {
+        "texts": len(texts), "tokens": sum(lengths), "requests_per_level": len(texts),
+        "concurrency": levels, "repeats": args.repeats, "quick": args.quick,
+        "access_log": args.access_log,
+        "dtype": "float32", "peak_gflops": peak, "model_tflop_per_pass": flops / 1e12,
+        "flop_formula": FLOP_FORMULA,
+        "seconds": {str(k): v for k, v in walls.items()}, "results": rows,
+        "short_input": {**short, "offline_s": single_off, "serve_s": single_srv},
+        "latency_stdev_ms": {str(c): 1e3 * statistics.pstdev(lats[c]) for c in levels}})
+
+
+if __name__ == "__main__":
+    main()

