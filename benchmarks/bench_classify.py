@@ -70,7 +70,8 @@ def main() -> None:
     from transformers import AutoModelForSequenceClassification
     from vllm import LLM
 
-    model_dir = pathlib.Path(args.model_dir or tempfile.mkdtemp()) / "causal_cls_40m"
+    tmp = None if args.model_dir else tempfile.TemporaryDirectory(prefix="bench_classify_")
+    model_dir = pathlib.Path(args.model_dir or tmp.name) / "causal_cls_40m"  # tmp: removed at exit
     build_causal_classifier(model_dir)
     prompts = make_token_prompts(args.prompts, args.min_len, args.max_len, seed=args.seed)
     lengths = [len(p) for p in prompts]
