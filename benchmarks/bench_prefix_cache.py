@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--model-dir", default=None)
     args = ap.parse_args()
-    model_dir = pathlib.Path(args.model_dir or tempfile.mkdtemp()) / "causal_cls_40m"
+    tmp = None if args.model_dir else tempfile.TemporaryDirectory(prefix="bench_prefix_")
+    model_dir = pathlib.Path(args.model_dir or tmp.name) / "causal_cls_40m"  # tmp: removed at exit
     build_causal_classifier(model_dir)
     prompts = make_prompts()
     llms = {"cache_on": LLM(str(model_dir), enable_prefix_caching=True),
@@ -45,7 +46,7 @@ def main() -> None:
     def run(name):
         def go():
             # A fresh prefix cache each run: only sharing within the batch counts.
-            llms[name].llm_engine.kv.pool.reset_hashes()
+            llms[name].reset_prefix_cache()
             return llms[name].classify(inputs, use_tqdm=False)
         return go
 

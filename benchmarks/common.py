@@ -79,9 +79,7 @@ def interleave(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 def empty_prefix_cache(llm) -> None:
     """Forget this engine's cached prefix blocks, so a repeated run recomputes everything
     (only sharing within one batch may count)."""
-    kv = getattr(llm.llm_engine, "kv", None)
-    if kv is not None:
-        kv.pool.reset_hashes()
+    llm.reset_prefix_cache()
 
 
 def median(xs: list[float]) -> float:

@@ -197,6 +197,18 @@ def test_second_pass_over_a_shared_200_token_prefix_hits(embed_on, shared_llm,
         _assert_same("embed", _vec("embed", got), _vec("embed", want), "repeat vs no cache")
 
 
+def test_reset_prefix_cache_forgets_every_prefix(qwen3_embed_dir):
+    llm = LLM(qwen3_embed_dir, block_size=BLOCK)
+    tok = Tokens("qwen3_embed_dir", seed=12)
+    prompt = tok(100)
+    first = _run(llm, "embed", [prompt])[0]
+    assert _run(llm, "embed", [prompt])[0].num_cached_tokens == 96
+    assert llm.reset_prefix_cache() is True
+    again = _run(llm, "embed", [prompt])[0]
+    assert again.num_cached_tokens == 0
+    _assert_same("embed", _vec("embed", again), _vec("embed", first), "after reset")
+
+
 def test_strict_prefix_of_a_cached_prompt_recomputes_its_last_token(embed_on, shared_llm,
                                                                    qwen3_embed_dir):
     tok = Tokens("qwen3_embed_dir", seed=12)

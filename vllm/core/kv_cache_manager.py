@@ -88,6 +88,10 @@ class KVCacheManager:
         for i in range(num_tokens // self.block_size):
             self.pool.cache(blocks[i], request.block_hashes[i])
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix; blocks in use keep their contents."""
+        self.pool.reset_hashes()
+
     def block_ids(self, request: Request) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request.request_id, [])]
 

@@ -92,7 +92,7 @@ class LLMEngine:
             # Drop this step's requests (their blocks were promised but maybe not
             # written) so the engine keeps serving others; the caller sees the exception.
             self.scheduler.abort({s.request.request_id for s in out.scheduled})
-            self.kv.pool.reset_hashes()
+            self.kv.reset_prefix_cache()
             raise
         finished = self.scheduler.update(out)
         self._stats.num_steps += 1
@@ -116,6 +116,10 @@ class LLMEngine:
             num_evictions=self.kv.pool.num_evictions,
             num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting))
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix block hash (later requests recompute from scratch)."""
+        self.kv.reset_prefix_cache()
 
     def get_tokenizer(self):
         return self.tokenizer

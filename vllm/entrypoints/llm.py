@@ -32,6 +32,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached prefixes (as vLLM's `LLM.reset_prefix_cache`)."""
+        self.llm_engine.reset_prefix_cache()
+        return True
+
     # ----- public tasks ---------------------------------------------------------------
     def encode(self, prompts: Prompts, pooling_params: Params = None,
                truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
