@@ -164,3 +164,19 @@ def test_user_override_beats_class_default(bert_embed_dir, qwen3_embed_dir):
 
     llm = LLM(model=qwen3_embed_dir, override_pooler_config={"pooling_type": "mean"})
     assert _pooler(llm).pooling_type == "MEAN"  # normalised to upper case
+
+
+@pytest.mark.parametrize("fixture,row", [("qwen3_cls_dir", -1), ("bert_cls_dir", 0)])
+def test_classifier_checkpoint_served_as_embed(request, fixture, row):
+    """convert='embed' serves a classifier's backbone (its head weights are skipped):
+    LAST for a causal classifier, CLS for BERT, normalised."""
+    path = request.getfixturevalue(fixture)
+    llm = LLM(path, convert="embed")
+    mc = llm.llm_engine.vllm_config.model_config
+    assert mc.convert == "embed" and "embed" in mc.supported_tasks
+    tok = mf.hf_tokenizer(path)
+    text = mf.text_of_length(tok, 20, seed=3)
+    ids = tok(text)["input_ids"]
+    got = torch.tensor(llm.embed(text, use_tqdm=False)[0].outputs.embedding)
+    want = torch.nn.functional.normalize(mf.hf_hidden_states(path, ids)[row], dim=0)
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.9999

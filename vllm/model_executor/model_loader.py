@@ -15,6 +15,10 @@ from vllm.model_executor.weight_utils import copy_param, iterate_weights
 logger = init_logger(__name__)
 
 
+# Checkpoint task heads, skipped when a classifier / reward checkpoint is served as embed.
+_HEAD_PREFIXES = ("score.", "classifier.")
+
+
 class PoolingModel(nn.Module):
     """The backbone (`model`), an optional task head (`head`) and sentence-transformers
     Dense layers (`dense`). The pooler applies `head` / `dense` after pooling."""
@@ -92,8 +96,9 @@ def _load(mc: ModelConfig, model: PoolingModel) -> None:
                 continue
             if stripped == "lm_head.weight" or name == "lm_head.weight":
                 lm_head = tensor
-            if backbone.skip_weight(stripped):
-                continue
+            if backbone.skip_weight(stripped) or (head is None and stripped.startswith(
+                    _HEAD_PREFIXES)):
+                continue  # unused buffers, or the task head of a checkpoint served as embed
             yield stripped, tensor
 
     loaded = backbone.load_weights(backbone_weights())
