@@ -119,7 +119,8 @@ def main() -> None:
               f"{r['model_gflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
     print(f"ratio {ratio:.2f}x; max |prob diff| {max_diff:.2e}")
     warn_if_over_peak({k: r["mfu"] for k, r in rows.items()})
-    write_json("bench_classify", {
+    name = "bench_classify" if sort else "bench_classify_given"
+    write_json(name, {
         "prompts": len(prompts), "min_len": args.min_len, "max_len": args.max_len,
         "seed": args.seed, "tokens": n_tok, "params": count_params(hf),
         "batch_size": args.batch_size, "baseline_order": args.baseline_order,

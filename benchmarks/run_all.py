@@ -23,7 +23,7 @@ RESULTS = HERE / "results"
 README = HERE / "README.md"
 PLOT = HERE / "throughput.png"
 NAMES = ("peak", "bench_embed", "bench_embed_bfloat16", "bench_embed_short", "bench_embed_long",
-         "bench_classify", "bench_prefix_cache", "bench_serve")
+         "bench_classify", "bench_classify_given", "bench_prefix_cache", "bench_serve")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 # name -> (script, arguments, extra arguments with --quick)
@@ -34,6 +34,8 @@ STEPS = {
     "embed_short": ("bench_embed.py", ["--composition", "short", "--repeats", "3"], ["--quick"]),
     "embed_long": ("bench_embed.py", ["--composition", "long", "--repeats", "3"], ["--quick"]),
     "classify": ("bench_classify.py", [], ["--quick"]),
+    "classify_given": ("bench_classify.py", ["--baseline-order", "given", "--repeats", "3"],
+                       ["--quick"]),
     "prefix_cache": ("bench_prefix_cache.py", [], ["--repeats", "2"]),
     "serve": ("bench_serve.py", [], ["--quick"]),
 }
@@ -84,8 +86,9 @@ def table() -> str:
         rows.append(f"| {label} | {e['texts_per_s']:.1f} texts/s, {e['tokens_per_s']:.0f} tok/s "
                     f"| ST fp32 {b['texts_per_s']:.1f} texts/s | **{d['ratio']:.2f}×** | {target} "
                     f"| {acc} | {_pct(e['mfu'])} / {_pct(b['mfu'])} |")
-    d = load("bench_classify")
-    if d:
+    for d in (load("bench_classify"), load("bench_classify_given")):
+        if not d:
+            continue
         e, b = d["results"][d["engine"]], d["results"][d["baseline"]]
         rows.append(f"| bench_classify ({d['prompts']} prompts, {d['min_len']}–{d['max_len']} "
                     f"tokens) | {e['prompts_per_s']:.1f} prompts/s | transformers bs "
