@@ -74,7 +74,13 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                         help="Model name or local path to serve. Without one, the bundled "
                         f"all-MiniLM-L6-v2 from the `{DEFAULT_MODEL_PACKAGE}` package is served.")
+    _add_server_flags(parser)
+    _add_engine_flags(parser)
+    _add_compat_flags(parser)
+    return parser
 
+
+def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
                         help="Address to listen on (default 127.0.0.1; use 0.0.0.0 for every "
@@ -96,6 +102,8 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     server.add_argument("--disable-uvicorn-access-log", action="store_true",
                         help="Do not log one line per HTTP request.")
 
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine = parser.add_argument_group("engine")
     engine.add_argument("--model", dest="model", default=None,
                         help="Model name or path (the same as the positional MODEL).")
@@ -148,6 +156,9 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     engine.add_argument("--num-gpu-blocks-override", type=int, default=None,
                         help="Fix the number of KV-cache blocks (testing).")
 
+
+def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM flags without effect here (accepted, logged) and unsupported ones (off only)."""
     noop = parser.add_argument_group(
         "accepted for vLLM compatibility",
         "These vLLM flags change nothing on this engine; they are accepted and logged. "
@@ -180,7 +191,6 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
             noop.add_argument(*names, dest=dest, type=kind, default=argparse.SUPPRESS,
                               metavar="VALUE",
                               help=f"Only {UNSUPPORTED_ARGS[dest]!r} is supported here.")
-    return parser
 
 
 def default_model() -> str:
