@@ -50,6 +50,10 @@ class AttentionMetadata:
     block_size: int
     causal: bool = True
     groups: list[AttentionGroup] = field(default_factory=list)
+    # Flat rows whose final hidden state is needed (LAST/CLS pooling of the requests that
+    # finish in this step, in pooling order); None = every row. The last layer computes
+    # its output only for these rows; earlier layers still run every token (their K/V).
+    output_rows: Optional[torch.Tensor] = None
 
     @property
     def num_reqs(self) -> int:

@@ -87,7 +87,6 @@ class ModelRunner:
         # Lay requests out by shape so attention buckets are contiguous slices.
         out.scheduled.sort(key=lambda s: sort_key(s.num_computed, s.num_new))
         input_ids, positions, token_types, meta = self._prepare(out)
-        hidden = self.model(input_ids, positions, meta, token_types)
         slices, ids = [], []
         for i, s in enumerate(out.scheduled):
             if s.finishes:
@@ -95,7 +94,10 @@ class ModelRunner:
                 slices.append(PoolingSlice(meta.query_start_loc[i], s.num_new, s.num_computed,
                                            req.prompt_token_ids, req.pooling_params))
                 ids.append(req.request_id)
-        return dict(zip(ids, self.pooler(hidden, slices)))
+        meta.output_rows = self.pooler.rows_needed(slices, self.device)
+        hidden = self.model(input_ids, positions, meta, token_types)
+        return dict(zip(ids, self.pooler(hidden, slices,
+                                         selected=meta.output_rows is not None)))
 
     def _prepare(self, out: SchedulerOutput):
         ids: list[int] = []

@@ -7,6 +7,7 @@ for them); LAST needs only the final token, which is always computed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,18 +35,33 @@ class Pooler:
         self.dense = list(model.dense)
         self.score_activation = score_activation
 
-    def __call__(self, hidden: torch.Tensor, slices: list[PoolingSlice]) -> list[torch.Tensor]:
-        """Pool and post-process; returns one float32 CPU tensor per slice."""
+    def rows_needed(self, slices: list[PoolingSlice], device) -> Optional[torch.Tensor]:
+        """The flat rows LAST/CLS pooling reads (one per finishing request, in order), so
+        the model can skip the last layer's output for every other token; None when
+        pooling reads every token (MEAN, ALL, STEP)."""
+        if self.pooling_type not in ("LAST", "CLS"):
+            return None
+        return self._row_index(slices, device)
+
+    def __call__(self, hidden: torch.Tensor, slices: list[PoolingSlice],
+                 selected: bool = False) -> list[torch.Tensor]:
+        """Pool and post-process; returns one float32 CPU tensor per slice. `selected`:
+        `hidden` already holds just the `rows_needed` rows."""
         if not slices:
             return []
         if self.pooling_type in _VECTOR_POOLING:
-            return self._vectors(hidden, slices)
+            return self._vectors(hidden, slices, selected)
         return [self._token_rows(hidden, s) for s in slices]
 
     # ----- one vector per request ----------------------------------------------------
-    def _vectors(self, hidden: torch.Tensor, slices: list[PoolingSlice]) -> list[torch.Tensor]:
-        pooled = _mean_pool(hidden, slices) if self.pooling_type == "MEAN" \
-            else hidden[self._row_index(slices, hidden.device)]
+    def _vectors(self, hidden: torch.Tensor, slices: list[PoolingSlice],
+                 selected: bool) -> list[torch.Tensor]:
+        if selected:
+            pooled = hidden
+        elif self.pooling_type == "MEAN":
+            pooled = _mean_pool(hidden, slices)
+        else:
+            pooled = hidden[self._row_index(slices, hidden.device)]
         tasks = {s.params.task for s in slices}
         if self.head is not None and tasks & {"classify", "score", "encode", "reward"}:
             pooled = self.head(pooled)
@@ -62,7 +78,7 @@ class Pooler:
             for s in slices:
                 _require_whole(s, "CLS")
             rows = [s.start for s in slices]
-        return torch.tensor(rows, device=device)
+        return torch.tensor(rows, dtype=torch.long, device=device)
 
     def _post(self, vec: torch.Tensor, p: PoolingParams) -> torch.Tensor:
         if p.task == "embed":

@@ -64,9 +64,14 @@ class BertLayer(nn.Module):
         self.out = nn.Linear(i, h)
         self.out_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata,
+                rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`rows`: keep only these rows after attention (the last layer under CLS/LAST)."""
         q, k, v = self.qkv(x).split(self.shard_sizes, dim=-1)
-        x = self.attn_norm(x + self.attn_out(self.attn(q, k, v, meta)))
+        attn = self.attn(q, k, v, meta)
+        if rows is not None:
+            x, attn = x[rows], attn[rows]
+        x = self.attn_norm(x + self.attn_out(attn))
         return self.out_norm(x + self.out(self.act(self.intermediate(x))))
 
 
@@ -79,7 +84,8 @@ _LAYER_NAMES = {
 
 
 class BertModel(nn.Module):
-    """forward(input_ids[T], positions[T], meta, token_type_ids) -> hidden_states[T, H]."""
+    """forward(input_ids[T], positions[T], meta, token_type_ids) -> hidden_states[T, H]
+    (only the `meta.output_rows` rows when those are given)."""
 
     default_pooling_type = "CLS"
     is_causal = False
@@ -102,9 +108,9 @@ class BertModel(nn.Module):
                 meta: AttentionMetadata,
                 token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embeddings(input_ids, positions, token_type_ids)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             x = layer(x, meta)
-        return x
+        return self.layers[-1](x, meta, meta.output_rows)
 
     @staticmethod
     def skip_weight(name: str) -> bool:

@@ -40,7 +40,7 @@ class DecoderAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -49,7 +49,7 @@ class DecoderAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta)
-        return self.o_proj(out)
+        return self.o_proj(out if rows is None else out[rows])
 
 
 class DecoderMLP(nn.Module):
@@ -78,13 +78,17 @@ class DecoderLayer(nn.Module):
         self.mlp = DecoderMLP(config)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
+                meta: AttentionMetadata, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`rows`: keep only these rows after attention (every token's K/V is still
+        written to the cache)."""
+        h = self.self_attn(self.input_layernorm(x), rope, meta, rows)
+        x = (x if rows is None else x[rows]) + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderModel(nn.Module):
-    """forward(input_ids[T], positions[T], meta) -> hidden_states[T, H] (final norm applied)."""
+    """forward(input_ids[T], positions[T], meta) -> hidden_states[T, H] (final norm applied;
+    only the `meta.output_rows` rows when those are given)."""
 
     default_pooling_type = "LAST"
     is_causal = True
@@ -112,9 +116,9 @@ class DecoderModel(nn.Module):
                 token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.cos_sin(positions, x.dtype)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             x = layer(x, rope, meta)
-        return self.norm(x)
+        return self.norm(self.layers[-1](x, rope, meta, meta.output_rows))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load backbone tensors named as in HF (prefix already stripped); returns the
