@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups, sort_key
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
+from vllm.worker.cpu_env import tune_malloc
 
 logger = init_logger(__name__)
 
@@ -24,6 +25,8 @@ class ModelRunner:
         mc = vllm_config.model_config
         torch.manual_seed(mc.seed)
         self.device = torch.device(mc.device)
+        if self.device.type == "cpu":
+            tune_malloc()
         self.model = build_model(mc)
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")
