@@ -9,7 +9,7 @@ import uuid
 from typing import Any, Optional, Sequence, Union
 
 from fastapi import Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
@@ -31,9 +31,10 @@ COMMON_ROUTES = ("POST /tokenize", "POST /detokenize", "GET /v1/models", "GET /h
                  "GET /version", "GET /metrics")
 
 
-def json_response(body: BaseModel) -> JSONResponse:
-    """Serialize a response model straight to JSON (no per-float re-encoding)."""
-    return JSONResponse(body.model_dump(mode="json"))
+def json_response(body: BaseModel) -> Response:
+    """Serialize a response model straight to JSON bytes with pydantic's serializer
+    (no intermediate dict, no per-float re-encoding in Python)."""
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 class ServingContext:
