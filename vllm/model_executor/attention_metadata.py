@@ -59,10 +59,6 @@ class AttentionMetadata:
     def num_reqs(self) -> int:
         return len(self.num_new)
 
-    @property
-    def num_tokens(self) -> int:
-        return self.query_start_loc[-1]
-
 
 def sort_key(num_computed: int, num_new: int) -> tuple[bool, int, int]:
     """The runner's layout order: requests reading the cache first (grouped by shape),
