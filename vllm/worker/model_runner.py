@@ -12,6 +12,7 @@ from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
 from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups, sort_key
+from vllm.model_executor.layers.linear import linear_backend
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
 from vllm.worker.cpu_env import tune_malloc
@@ -27,6 +28,9 @@ class ModelRunner:
         self.device = torch.device(mc.device)
         if self.device.type == "cpu":
             tune_malloc()
+            logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual "
+                        "epilogues (VLLM_CPU_ONEDNN_LINEAR=0 turns it off)"
+                        if linear_backend(self.device, mc.dtype) == "onednn" else "F.linear")
         self.model = build_model(mc)
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")

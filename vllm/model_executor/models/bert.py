@@ -4,23 +4,20 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.linear import Linear
 from vllm.model_executor.weight_utils import copy_param, copy_shard
 
-_ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
+# HF `hidden_act` -> the activation fused into the intermediate projection.
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "relu": "relu"}
 _QKV = {"query": 0, "key": 1, "value": 2}
 
 
-def get_activation(name: str):
+def get_activation(name: str) -> str:
     if name not in _ACTIVATIONS:
         raise ValueError(f"hidden_act {name!r} is not supported (supported: "
                          f"{', '.join(_ACTIVATIONS)})")
@@ -55,13 +52,12 @@ class BertLayer(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = h // self.num_heads
         self.shard_sizes = [h, h, h]
-        self.qkv = nn.Linear(h, 3 * h)
+        self.qkv = Linear(h, 3 * h)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_heads)
-        self.attn_out = nn.Linear(h, h)
+        self.attn_out = Linear(h, h)
         self.attn_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
-        self.intermediate = nn.Linear(h, i)
-        self.act = get_activation(config.hidden_act)
-        self.out = nn.Linear(i, h)
+        self.intermediate = Linear(h, i, activation=get_activation(config.hidden_act))
+        self.out = Linear(i, h)
         self.out_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata,
@@ -71,8 +67,8 @@ class BertLayer(nn.Module):
         attn = self.attn(q, k, v, meta)
         if rows is not None:
             x, attn = x[rows], attn[rows]
-        x = self.attn_norm(x + self.attn_out(attn))
-        return self.out_norm(x + self.out(self.act(self.intermediate(x))))
+        x = self.attn_norm(self.attn_out.forward_add(attn, x))
+        return self.out_norm(self.out.forward_add(self.intermediate(x), x))
 
 
 # HF sub-names -> ours, inside one encoder layer.

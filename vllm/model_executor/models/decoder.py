@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.linear import Linear, gated_silu
 from vllm.model_executor.layers.norm import RMSNorm
 from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
 from vllm.model_executor.weight_utils import copy_param, copy_shard
@@ -32,15 +32,17 @@ class DecoderAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.shard_sizes = [self.q_size, self.kv_size, self.kv_size]
-        self.qkv_proj = nn.Linear(h, sum(self.shard_sizes), bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, h, bias=False)
+        self.qkv_proj = Linear(h, sum(self.shard_sizes), bias=qkv_bias)
+        self.o_proj = Linear(self.q_size, h, bias=False)
         eps = getattr(config, "rms_norm_eps", 1e-6)
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                meta: AttentionMetadata, residual: torch.Tensor,
+                rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """residual + attention output (only `rows` when given)."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -49,7 +51,7 @@ class DecoderAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta)
-        return self.o_proj(out if rows is None else out[rows])
+        return self.o_proj.forward_add(out if rows is None else out[rows], residual)
 
 
 class DecoderMLP(nn.Module):
@@ -57,15 +59,15 @@ class DecoderMLP(nn.Module):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
         self.shard_sizes = [i, i]
-        self.gate_up_proj = nn.Linear(h, 2 * i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_up_proj = Linear(h, 2 * i, bias=False)
+        self.down_proj = Linear(i, h, bias=False)
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported for decoder models (silu)")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the MLP of x."""
+        return self.down_proj.forward_add(gated_silu(x, self.gate_up_proj.weight), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -81,9 +83,9 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`rows`: keep only these rows after attention (every token's K/V is still
         written to the cache)."""
-        h = self.self_attn(self.input_layernorm(x), rope, meta, rows)
-        x = (x if rows is None else x[rows]) + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        residual = x if rows is None else x[rows]
+        x = self.self_attn(self.input_layernorm(x), rope, meta, residual, rows)
+        return self.mlp(self.post_attention_layernorm(x), x)
 
 
 class DecoderModel(nn.Module):
