@@ -83,6 +83,30 @@ def fake():
     llm.shutdown()
 
 
+def test_build_runs_on_the_engine_thread():
+    """The engine (and so every torch thread pool) is created on the thread that steps it."""
+    names = []
+
+    def build():
+        names.append(threading.current_thread().name)
+        return FakeEngine()
+    llm = AsyncLLM(build=build)
+    try:
+        assert names == ["vllm-engine-loop"] and llm.is_alive
+        assert asyncio.run(llm.encode("p", None, "a")).request_id == "a"
+    finally:
+        llm.shutdown()
+
+
+def test_build_error_is_raised_by_the_constructor():
+    def build():
+        raise ValueError("no such model")
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncLLM(build=build)
+    with pytest.raises(TypeError, match="exactly one of engine and build"):
+        AsyncLLM()
+
+
 def test_requests_arriving_during_a_step_share_the_next_one(fake):
     engine, llm = fake
 
