@@ -1,4 +1,12 @@
-"""Rotary position embeddings (rotate-half layout, as Llama/Qwen checkpoints use)."""
+"""Rotary position embeddings as one complex multiply per tensor.
+
+Llama/Qwen checkpoints rotate pairs (x_i, x_{i+D/2}) of each head ("rotate-half"). The
+loader reorders the query/key rows of every head (and the QK-norm weights) with
+`interleave_halves`, so that pair sits side by side: the head is then D/2 complex numbers
+and the rotation is `x * e^(i*theta)`, one pass over the tensor instead of the seven of
+the rotate-half formula. Attention only ever takes dot products of queries with keys,
+which a permutation applied to both leaves unchanged; values keep their order.
+"""
 from __future__ import annotations
 
 import math
@@ -42,23 +50,36 @@ def _inv_freq(head_dim: int, params: dict) -> torch.Tensor:
     raise ValueError(f"rope_type {kind!r} is not supported (supported: default, linear, llama3).")
 
 
+def interleave_halves(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Reorder dim 0 of a [heads * head_dim, ...] tensor from rotate-half order
+    (0, 1, .., D/2-1, D/2, .., D-1) to pairs (0, D/2, 1, D/2+1, ...) within every head."""
+    rest = t.shape[1:]
+    return t.reshape(-1, 2, head_dim // 2, *rest).transpose(1, 2).reshape(t.shape)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, params: dict) -> None:
         super().__init__()
         self.head_dim = head_dim
         inv = _inv_freq(head_dim, params)
-        t = torch.arange(max_positions, dtype=torch.float64)
-        freqs = torch.outer(t, inv)
-        self.register_buffer("cos", freqs.cos().float(), persistent=False)
-        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
+        # complex64 whatever the model dtype: a plain attribute, so `model.to(dtype)` (which
+        # would cast a complex buffer to real) leaves it alone; moved on first use.
+        self._table = torch.polar(torch.ones_like(freqs), freqs).to(torch.complex64)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
-        """[T, 1, D/2] cos and sin of each position, computed once per forward."""
-        return (self.cos[positions].to(dtype)[:, None, :],
-                self.sin[positions].to(dtype)[:, None, :])
+    def rotations(self, positions: torch.Tensor) -> torch.Tensor:
+        """[T, 1, D/2] complex e^(i*theta) of each position, looked up once per forward."""
+        if self._table.device != positions.device:
+            self._table = self._table.to(positions.device)
+        return self._table[positions][:, None, :]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [T, heads, D] in the rotate-half layout."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def apply_rotary(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, heads, D] (pairs interleaved, see `interleave_halves`). Computed in
+    float32 (complex64) for every dtype."""
+    t, h, d = x.shape
+    pairs = x.float().reshape(t, h, d // 2, 2)
+    if pairs.stride(-1) != 1 or any(st % 2 for st in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()  # view_as_complex needs whole (re, im) pairs
+    out = torch.view_as_real(torch.view_as_complex(pairs) * rotation)
+    return out.reshape(t, h, d).to(x.dtype)

@@ -6,6 +6,7 @@ QK RMSNorm (Qwen3), explicit head_dim, and rope settings. A `is_causal: false` c
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, Optional
 
 import torch
@@ -15,9 +16,12 @@ from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import Linear, gated_silu
 from vllm.model_executor.layers.norm import RMSNorm
-from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from vllm.model_executor.layers.rotary import (RotaryEmbedding, apply_rotary,
+                                               interleave_halves, rope_parameters)
 from vllm.model_executor.weight_utils import copy_param, copy_shard
 
+# Query/key projections and their per-head norms: stored with rotary pairs interleaved.
+_ROTATED = re.compile(r"\.(q_proj|k_proj|q_norm|k_norm)\.(weight|bias)$")
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
@@ -39,7 +43,7 @@ class DecoderAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rotation: torch.Tensor,
                 meta: AttentionMetadata, residual: torch.Tensor,
                 rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """residual + attention output (only `rows` when given)."""
@@ -49,7 +53,7 @@ class DecoderAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta)
         return self.o_proj.forward_add(out if rows is None else out[rows], residual)
 
@@ -79,12 +83,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = DecoderMLP(config)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rotation: torch.Tensor,
                 meta: AttentionMetadata, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`rows`: keep only these rows after attention (every token's K/V is still
         written to the cache)."""
         residual = x if rows is None else x[rows]
-        x = self.self_attn(self.input_layernorm(x), rope, meta, residual, rows)
+        x = self.self_attn(self.input_layernorm(x), rotation, meta, residual, rows)
         return self.mlp(self.post_attention_layernorm(x), x)
 
 
@@ -117,19 +121,23 @@ class DecoderModel(nn.Module):
                 meta: AttentionMetadata,
                 token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        rope = self.rotary.cos_sin(positions, x.dtype)
+        rotation = self.rotary.rotations(positions)
         for layer in self.layers[:-1]:
-            x = layer(x, rope, meta)
-        return self.norm(self.layers[-1](x, rope, meta, meta.output_rows))
+            x = layer(x, rotation, meta)
+        return self.norm(self.layers[-1](x, rotation, meta, meta.output_rows))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load backbone tensors named as in HF (prefix already stripped); returns the
-        names of the parameters that were set."""
+        names of the parameters that were set. Query/key rows and QK-norm weights are
+        reordered for the complex-multiply rotary (`rotary.interleave_halves`)."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        head_dim = self.layers[0].self_attn.head_dim
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
+            if _ROTATED.search(name):
+                tensor = interleave_halves(tensor, head_dim)
             parts = name.split(".")
             fused = next(((i, _FUSED[p]) for i, p in enumerate(parts) if p in _FUSED), None)
             if fused is not None:
