@@ -54,6 +54,10 @@ class AttentionMetadata:
     # finish in this step, in pooling order); None = every row. The last layer computes
     # its output only for these rows; earlier layers still run every token (their K/V).
     output_rows: Optional[torch.Tensor] = None
+    # The requests that read no cache sit last: their first flat row and their [n + 1]
+    # offsets from it, for the packed-sequence kernel (None: every request reads the cache).
+    packed_start: Optional[int] = None
+    packed_offsets: Optional[torch.Tensor] = None
 
     @property
     def num_reqs(self) -> int:
@@ -89,6 +93,10 @@ def build_groups(meta: AttentionMetadata, device: torch.device) -> None:
                                              meta.num_new[i:j]))
         i = j
     meta.groups = groups
+    first = next((i for i, k in enumerate(meta.num_computed) if k == 0), None)
+    if first is not None:
+        meta.packed_start = meta.query_start_loc[first]
+        meta.packed_offsets = torch.tensor(meta.query_start_loc[first:]) - meta.packed_start
 
 
 def _padded_run_end(meta: AttentionMetadata, i: int) -> int:

@@ -1,0 +1,74 @@
+"""The C++ packed-sequence attention kernel equals torch's SDPA, and the engine equals
+itself with the kernel on and off."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm.model_executor.layers import cpu_kernels
+
+pytestmark = pytest.mark.skipif(
+    "avx512f" not in cpu_kernels._cpu_flags() or shutil.which("c++") is None,
+    reason="the kernel needs an AVX-512 CPU and a C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    fn = cpu_kernels.varlen_attention_kernel()
+    assert fn is not None, cpu_kernels.kernel_status("varlen_attention")
+    return fn
+
+
+def _reference(q, k, v, lengths, causal, scale):
+    out, s = [], 0
+    for n in lengths:
+        qs, ks, vs = (x[s: s + n].transpose(0, 1)[None].double() for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale,
+                                           enable_gqa=True)
+        out.append(o[0].transpose(0, 1))
+        s += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_matches_sdpa(kernel, head_dim, causal):
+    g = torch.Generator().manual_seed(head_dim + causal)
+    lengths = [1, 7, 64, 65, 130, 300]
+    t, hq, hkv = sum(lengths), 4, 2
+    # q, k, v as strided views of one fused projection output, as the models produce
+    qkv = torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g) * 2
+    q, k, v = qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], dim=-1)
+    q, k, v = (x.view(t, -1, head_dim) for x in (q, k, v))
+    offsets = torch.tensor(np.cumsum([0] + lengths))
+    scale = head_dim ** -0.5
+    got = kernel(q, k, v, offsets, scale, causal)
+    want = _reference(q, k, v, lengths, causal, scale)
+    assert got.shape == (t, hq, head_dim) and got.is_contiguous()
+    assert (got.double() - want).abs().max().item() < 2e-5
+
+
+def test_kernel_refuses_what_it_cannot_do(kernel):
+    x = torch.randn(4, 2, 24)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernel(x, x, x, torch.tensor([0, 4]), 1.0, False)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        y = torch.randn(4, 2, 32, dtype=torch.bfloat16)
+        kernel(y, y, y, torch.tensor([0, 4]), 1.0, False)
+
+
+@pytest.mark.parametrize("fixture", ["bert_embed_dir", "qwen3_embed_dir"])
+def test_engine_same_with_and_without_kernel(request, kernel, monkeypatch, fixture):
+    from vllm import LLM
+    path = request.getfixturevalue(fixture)
+    prompts = ["short", "a somewhat longer prompt that spans more tokens " * 3, "mid length x"]
+    with_kernel = [o.outputs.embedding for o in LLM(path).embed(prompts)]
+    monkeypatch.setattr(cpu_kernels, "use_varlen_attention", lambda x, d: False)
+    from vllm.model_executor.layers import attention
+    monkeypatch.setattr(attention, "use_varlen_attention", lambda x, d: False)
+    without = [o.outputs.embedding for o in LLM(path).embed(prompts)]
+    np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=2e-6)
