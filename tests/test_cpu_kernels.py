@@ -46,19 +46,43 @@ def test_kernel_matches_sdpa(kernel, head_dim, causal):
     q, k, v = (x.view(t, -1, head_dim) for x in (q, k, v))
     offsets = torch.tensor(np.cumsum([0] + lengths))
     scale = head_dim ** -0.5
-    got = kernel(q, k, v, offsets, scale, causal)
+    got = kernel(q, k, v, offsets, offsets, scale, causal)
     want = _reference(q, k, v, lengths, causal, scale)
     assert got.shape == (t, hq, head_dim) and got.is_contiguous()
     assert (got.double() - want).abs().max().item() < 2e-5
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_queries_after_a_cached_prefix(kernel, causal):
+    """nq new queries over nk keys (prefix + new): query i sits at key nk - nq + i."""
+    g = torch.Generator().manual_seed(7)
+    nqs, nks = [1, 40, 70, 3], [17, 40, 200, 131]
+    hq, hkv, d = 4, 2, 64
+    q = torch.randn(sum(nqs), hq, d, generator=g)
+    k, v = torch.randn(sum(nks), hkv, d, generator=g), torch.randn(sum(nks), hkv, d, generator=g)
+    qo, ko = torch.tensor(np.cumsum([0] + nqs)), torch.tensor(np.cumsum([0] + nks))
+    got = kernel(q, k, v, qo, ko, 0.125, causal)
+    want = []
+    for i, (nq, nk) in enumerate(zip(nqs, nks)):
+        qs = q[qo[i]: qo[i + 1]].transpose(0, 1)[None].double()
+        ks, vs = (x[ko[i]: ko[i + 1]].transpose(0, 1)[None].double() for x in (k, v))
+        mask = torch.arange(nk)[None, :] <= (nk - nq + torch.arange(nq))[:, None]
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask if causal else None,
+                                           scale=0.125, enable_gqa=True)
+        want.append(o[0].transpose(0, 1))
+    assert (got.double() - torch.cat(want)).abs().max().item() < 2e-5
+
+
 def test_kernel_refuses_what_it_cannot_do(kernel):
     x = torch.randn(4, 2, 24)
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        kernel(x, x, x, torch.tensor([0, 4]), 1.0, False)
+        kernel(x, x, x, torch.tensor([0, 4]), torch.tensor([0, 4]), 1.0, False)
     with pytest.raises(RuntimeError, match="float32 only"):
         y = torch.randn(4, 2, 32, dtype=torch.bfloat16)
-        kernel(y, y, y, torch.tensor([0, 4]), 1.0, False)
+        kernel(y, y, y, torch.tensor([0, 4]), torch.tensor([0, 4]), 1.0, False)
+    with pytest.raises(RuntimeError, match="more queries than keys"):
+        kernel(x[:, :, :16], x[:2, :, :16], x[:2, :, :16], torch.tensor([0, 4]),
+               torch.tensor([0, 2]), 1.0, True)
 
 
 @pytest.mark.parametrize("fixture", ["bert_embed_dir", "qwen3_embed_dir"])

@@ -54,10 +54,15 @@ class AttentionMetadata:
     # finish in this step, in pooling order); None = every row. The last layer computes
     # its output only for these rows; earlier layers still run every token (their K/V).
     output_rows: Optional[torch.Tensor] = None
-    # The requests that read no cache sit last: their first flat row and their [n + 1]
-    # offsets from it, for the packed-sequence kernel (None: every request reads the cache).
-    packed_start: Optional[int] = None
+    # For the packed-sequence kernel (set by `build_groups`). The requests that read no
+    # cache sit last, from flat row `packed_start` (T when there are none), with [n + 1]
+    # offsets from there. The cache readers before them: [r + 1] query offsets, [r + 1]
+    # key offsets, and the cache slot of each of their keys (prefix + new tokens).
+    packed_start: int = 0
     packed_offsets: Optional[torch.Tensor] = None
+    reader_q_offsets: Optional[torch.Tensor] = None
+    reader_k_offsets: Optional[torch.Tensor] = None
+    reader_key_slots: Optional[torch.Tensor] = None
 
     @property
     def num_reqs(self) -> int:
@@ -93,10 +98,24 @@ def build_groups(meta: AttentionMetadata, device: torch.device) -> None:
                                              meta.num_new[i:j]))
         i = j
     meta.groups = groups
-    first = next((i for i, k in enumerate(meta.num_computed) if k == 0), None)
-    if first is not None:
-        meta.packed_start = meta.query_start_loc[first]
-        meta.packed_offsets = torch.tensor(meta.query_start_loc[first:]) - meta.packed_start
+    _packed_layout(meta, device)
+
+
+def _packed_layout(meta: AttentionMetadata, device: torch.device) -> None:
+    first = next((i for i, k in enumerate(meta.num_computed) if k == 0), meta.num_reqs)
+    meta.packed_start = meta.query_start_loc[first]
+    meta.packed_offsets = torch.tensor(meta.query_start_loc[first:]) - meta.packed_start
+    if first == 0:
+        return
+    totals = [meta.num_computed[i] + meta.num_new[i] for i in range(first)]
+    meta.reader_q_offsets = torch.tensor(meta.query_start_loc[: first + 1])
+    meta.reader_k_offsets = torch.tensor([0] + totals).cumsum(0)
+    bs = meta.block_size
+    slots = []
+    for i, total in enumerate(totals):
+        p = torch.arange(total)
+        slots.append(torch.tensor(meta.block_tables[i], dtype=torch.long)[p // bs] * bs + p % bs)
+    meta.reader_key_slots = torch.cat(slots).to(device)
 
 
 def _padded_run_end(meta: AttentionMetadata, i: int) -> int:

@@ -1,8 +1,9 @@
 """Attention over a flat, padding-free batch, with an optional paged KV cache.
 
 Causal layers write the new tokens' K/V into their cache slots first, then attend from the
-n new queries over the request's k cached + n new keys. On CPU in float32 the requests that
-read no cache go through one call of the C++ packed-sequence kernel (`cpu_kernels`). Writing every new token of the
+n new queries over the request's k cached + n new keys. On CPU in float32 every request goes
+through the C++ packed-sequence kernel (`cpu_kernels`): one call for the requests that read
+no cache, one for the cache readers over keys gathered from their slots. Writing every new token of the
 step before any request reads means requests that share a prefix inside one step read
 blocks that are already written. Bidirectional layers keep no cache and see exactly
 their request's own tokens.
@@ -40,7 +41,8 @@ class Attention(nn.Module):
         if self.kv_cache is not None and meta.slot_mapping is not None:
             self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-        if meta.packed_start is not None and use_varlen_attention(q, self.head_dim):
+        if use_varlen_attention(q, self.head_dim) and (
+                meta.packed_start == 0 or self.kv_cache is not None):
             return self._packed(q, k, v, meta).view(t, -1)
         if len(meta.groups) == 1 and meta.groups[0].kind != "loop":
             return self._group(q, k, v, meta.groups[0], meta.causal).reshape(t, -1)
@@ -54,19 +56,20 @@ class Attention(nn.Module):
 
     def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """The requests that read no cache in one C++ kernel call; cache readers (laid out
-        first) through the padded SDPA path."""
-        s = meta.packed_start
-        packed = varlen_attention_kernel()(q[s:], k[s:], v[s:], meta.packed_offsets,
-                                            self.scale, meta.causal)
-        if s == 0:
-            return packed
-        out = q.new_empty(q.shape)
-        for g in meta.groups:
-            if g.kind == "padded":
-                out[g.start: g.end] = self._group(q, k, v, g, meta.causal)
-        out[s:] = packed
-        return out
+        """Every request in C++ kernel calls: one for the requests that read no cache, one
+        for the cache readers (laid out first) over keys gathered from their slots."""
+        kernel, s, t = varlen_attention_kernel(), meta.packed_start, q.shape[0]
+        new = None
+        if s < t:
+            off = meta.packed_offsets
+            new = kernel(q[s:], k[s:], v[s:], off, off, self.scale, meta.causal)
+            if s == 0:
+                return new
+        slots = meta.reader_key_slots
+        readers = kernel(q[:s], self.kv_cache[0].index_select(0, slots),
+                         self.kv_cache[1].index_select(0, slots), meta.reader_q_offsets,
+                         meta.reader_k_offsets, self.scale, meta.causal)
+        return readers if new is None else torch.cat([readers, new])
 
     def _group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: AttentionGroup, causal: bool) -> torch.Tensor:
