@@ -8,10 +8,13 @@
 // 64-dim tiles. About 120-130 GFLOP/s here, 1.3-1.8x torch's SDPA.
 //
 // q: [Tq, Hq, D], k/v: [Tk, Hkv, D] (any row and head strides, unit stride in D);
-// q_offsets / k_offsets: [B + 1] int64 offsets of each sequence's queries and keys. A
-// sequence's nq queries are its last nq key positions (nq == nk without a cache; with a
-// cached prefix the keys also hold the prefix), so under `causal` query i sees keys
-// 0 .. nk - nq + i. Returns out: [Tq, Hq, D] contiguous.
+// q_offsets / k_offsets: [B + 1] int64 offsets of each sequence's queries and (logical)
+// keys. A sequence's nq queries are its last nq key positions (nq == nk without a cache;
+// with a cached prefix the keys also hold the prefix), so under `causal` query i sees keys
+// 0 .. nk - nq + i. key_rows (optional, [sum nk]) maps logical keys to rows of k/v, so the
+// keys can be read straight from a paged KV cache; tile_ids (optional, one per logical
+// 64-key tile) names equal tiles (a shared prefix) so each is transposed once.
+// Returns out: [Tq, Hq, D] contiguous.
 // Built lazily by vllm/model_executor/layers/cpu_kernels.py; D must be a multiple of 16.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -84,16 +87,30 @@ inline void scores_4x64(const float* qs, const float* kt, int64_t n_pad, int d, 
     for (int u = 0; u < 4; ++u) _mm512_storeu_ps(s + r * BK + 16 * u, c[r][u]);
 }
 
-// acc[0:4 rows][dc:dc+16*NV] += P[rows][0:cols] . V[0:cols][dc:...]  (NV fixed at compile
-// time so the 4 x NV accumulators stay in registers)
+// Where the keys of one sequence live: logical key j is row rows[j] of k/v (rows == nullptr:
+// row base + j), and its 64-key tile t is transposed at tiles + tile[t] * d * BK.
+struct Keys {
+  const int64_t* rows;
+  int64_t base;
+  const float* tiles;
+  const int64_t* tile;
+  int64_t tile_base;
+  int64_t row(int64_t j) const { return rows ? rows[j] : base + j; }
+  const float* tile_at(int64_t t, int d) const {
+    return tiles + (tile ? tile[t] : tile_base + t) * d * BK;
+  }
+};
+
+// acc[0:4 rows][dc:dc+16*NV] += P[rows][0:cols] . V[keys kb..kb+cols][dc:...] (NV fixed at
+// compile time so the 4 x NV accumulators stay in registers)
 template <int NV>
-inline void pv_4rows(const float* p, const float* v, Strides vs, int cols, int dc, float* acc,
-                     int d) {
+inline void pv_4rows(const float* p, const float* vh, int64_t vstride, const Keys& keys,
+                     int64_t kb, int cols, int dc, float* acc, int d) {
   __m512 a[4][NV];
   for (int r = 0; r < 4; ++r)
     for (int u = 0; u < NV; ++u) a[r][u] = _mm512_loadu_ps(acc + r * d + dc + 16 * u);
   for (int j = 0; j < cols; ++j) {
-    const float* vrow = v + j * vs.row + dc;
+    const float* vrow = vh + keys.row(kb + j) * vstride + dc;
     __m512 vv[NV];
     for (int u = 0; u < NV; ++u) vv[u] = _mm512_loadu_ps(vrow + 16 * u);
     for (int r = 0; r < 4; ++r) {
@@ -105,13 +122,13 @@ inline void pv_4rows(const float* p, const float* v, Strides vs, int cols, int d
     for (int u = 0; u < NV; ++u) _mm512_storeu_ps(acc + r * d + dc + 16 * u, a[r][u]);
 }
 
-inline void pv_block(int nv, const float* p, const float* v, Strides vs, int cols, int dc,
-                     float* acc, int d) {
+inline void pv_block(int nv, const float* p, const float* vh, int64_t vstride, const Keys& keys,
+                     int64_t kb, int cols, int dc, float* acc, int d) {
   switch (nv) {
-    case 1: pv_4rows<1>(p, v, vs, cols, dc, acc, d); break;
-    case 2: pv_4rows<2>(p, v, vs, cols, dc, acc, d); break;
-    case 3: pv_4rows<3>(p, v, vs, cols, dc, acc, d); break;
-    default: pv_4rows<4>(p, v, vs, cols, dc, acc, d); break;
+    case 1: pv_4rows<1>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
+    case 2: pv_4rows<2>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
+    case 3: pv_4rows<3>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
+    default: pv_4rows<4>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
   }
 }
 
@@ -144,17 +161,13 @@ inline float softmax_row(float* s, int valid, float* m, float* l) {
   return corr;
 }
 
-// kt: this item's keys transposed in tiles of BK keys, tile t row e at kt + (t * d + e) * BK
-// (columns past n are zero).
-void attend_item(const float* q, const float* kt, const float* v, float* out,
-                 Strides qs_, Strides vs, int64_t q_start, int64_t nq, int64_t k_start,
-                 int64_t n, int64_t head, int64_t kv_head, int d, int64_t out_row, float scale,
-                 bool causal, Scratch& sc) {
+// One (sequence, head): nq queries from row q_start, n keys described by `keys`.
+void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
+                 const Keys& keys, float* out, int64_t out_row, int64_t q_start, int64_t nq,
+                 int64_t n, int64_t head, int d, float scale, bool causal, Scratch& sc) {
   const int64_t past = n - nq;  // keys before the first query
   sc.fit(d);
-  const float* vbase = v + k_start * vs.row + kv_head * vs.head;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-
   for (int64_t i0 = 0; i0 < nq; i0 += BQ) {
     const int rows = (int)std::min<int64_t>(BQ, nq - i0);
     const int rows4 = (rows + 3) / 4 * 4;
@@ -170,7 +183,7 @@ void attend_item(const float* q, const float* kt, const float* v, float* out,
     for (int64_t kb = 0; kb < kv_end; kb += BK) {
       const int cols = (int)std::min<int64_t>(BK, kv_end - kb);
       float* s = sc.s.data();
-      const float* tile = kt + (kb / BK) * d * BK;
+      const float* tile = keys.tile_at(kb / BK, d);
       for (int r = 0; r < rows4; r += 4) scores_4x64(qsb + r * d, tile, BK, d, s + r * BK);
       for (int r = 0; r < rows4; ++r) {
         int valid = r < rows ? cols : 0;
@@ -190,7 +203,7 @@ void attend_item(const float* q, const float* kt, const float* v, float* out,
       for (int dc = 0; dc < d; dc += 64) {
         const int nv = std::min(64, d - dc) / 16;
         for (int r = 0; r < rows4; r += 4)
-          pv_block(nv, s + r * BK, vbase + kb * vs.row, vs, cols, dc, sc.acc.data() + r * d, d);
+          pv_block(nv, s + r * BK, vh, vstride, keys, kb, cols, dc, sc.acc.data() + r * d, d);
       }
     }
     for (int r = 0; r < rows; ++r) {
@@ -202,10 +215,18 @@ void attend_item(const float* q, const float* kt, const float* v, float* out,
   }
 }
 
+const int64_t* optional_index(const torch::Tensor& t, const char* name) {
+  if (t.numel() == 0) return nullptr;
+  TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous(), name,
+              " must be a contiguous int64 tensor");
+  return t.data_ptr<int64_t>();
+}
+
 }  // namespace
 
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                               torch::Tensor q_offsets, torch::Tensor k_offsets, double scale,
+                               torch::Tensor q_offsets, torch::Tensor k_offsets,
+                               torch::Tensor key_rows, torch::Tensor tile_ids, double scale,
                                bool causal) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "varlen_attention: float32 only");
@@ -222,11 +243,48 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   for (int64_t i = 0; i < b; ++i)
     TORCH_CHECK(koff[i + 1] - koff[i] >= qoff[i + 1] - qoff[i],
                 "a sequence has more queries than keys");
+  const int64_t* rows = optional_index(key_rows, "key_rows");
+  const int64_t* tile_of = optional_index(tile_ids, "tile_ids");
+  if (rows) TORCH_CHECK(key_rows.numel() == koff[b], "key_rows needs one row per key");
   auto out = torch::empty({q.size(0), hq, d}, q.options());
   const Strides qs{q.stride(0), q.stride(1)}, ks{k.stride(0), k.stride(1)},
       vs{v.stride(0), v.stride(1)};
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
+
+  // Logical 64-key tiles: each sequence starts a new one. Distinct tiles (tile_ids) are
+  // transposed once, into [Hkv][distinct tile][D][BK], shared by the heads of a group,
+  // every query block and every sequence that names them.
+  std::vector<int64_t> tile0(b + 1, 0);
+  for (int64_t i = 0; i < b; ++i) tile0[i + 1] = tile0[i] + (koff[i + 1] - koff[i] + BK - 1) / BK;
+  const int64_t tiles = tile0[b];
+  if (tile_of) TORCH_CHECK(tile_ids.numel() == tiles, "tile_ids needs one id per 64-key tile");
+  std::vector<int64_t> tile_seq(tiles);
+  for (int64_t i = 0; i < b; ++i)
+    std::fill(tile_seq.begin() + tile0[i], tile_seq.begin() + tile0[i + 1], i);
+  std::vector<int64_t> first;  // the logical tile that defines each distinct tile
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t id = tile_of ? tile_of[t] : t;
+    TORCH_CHECK(id >= 0 && id <= (int64_t)first.size(), "tile_ids must number tiles 0, 1, ...");
+    if (id == (int64_t)first.size()) first.push_back(t);
+  }
+  const int64_t distinct = first.size();
+  std::unique_ptr<float[]> kt(new float[std::max<int64_t>(hkv * distinct * d * BK, 1)]);
+  at::parallel_for(0, hkv * distinct, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t h = c / distinct, t = first[c % distinct], seq = tile_seq[t];
+      const int64_t j0 = (t - tile0[seq]) * BK;
+      const int64_t cols = std::min<int64_t>(BK, koff[seq + 1] - koff[seq] - j0);
+      float* dst = kt.get() + c * d * BK;
+      if (cols < BK) std::fill(dst, dst + d * BK, 0.0f);
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t key = koff[seq] + j0 + j;
+        const float* src = kp + (rows ? rows[key] : key) * ks.row + h * ks.head;
+        for (int64_t e = 0; e < d; ++e) dst[e * BK + j] = src[e];
+      }
+    }
+  });
+
   const int64_t items = b * hq, group = hq / hkv;
   // Costliest sequences first, handed out one at a time: the threads finish together.
   std::vector<int64_t> order(b);
@@ -234,27 +292,6 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   auto cost = [&](int64_t i) { return (qoff[i + 1] - qoff[i]) * (koff[i + 1] - koff[i]); };
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return cost(x) > cost(y); });
-  // Keys transposed once per call into tiles of BK keys x D ([Hkv][tile][D][BK], each
-  // sequence starting a new tile), shared by the heads of a group and every query block.
-  std::vector<int64_t> tile0(b + 1, 0);
-  for (int64_t i = 0; i < b; ++i) tile0[i + 1] = tile0[i] + (koff[i + 1] - koff[i] + BK - 1) / BK;
-  const int64_t tiles = tile0[b];
-  std::vector<int64_t> tile_seq(tiles);
-  for (int64_t i = 0; i < b; ++i)
-    std::fill(tile_seq.begin() + tile0[i], tile_seq.begin() + tile0[i + 1], i);
-  std::unique_ptr<float[]> kt(new float[std::max<int64_t>(hkv * tiles * d * BK, 1)]);
-  at::parallel_for(0, hkv * tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t h = c / tiles, t = c % tiles, seq = tile_seq[t];
-      const int64_t j0 = (t - tile0[seq]) * BK;
-      const int64_t cols = std::min<int64_t>(BK, koff[seq + 1] - koff[seq] - j0);
-      float* dst = kt.get() + c * d * BK;
-      const float* src = kp + (koff[seq] + j0) * ks.row + h * ks.head;
-      if (cols < BK) std::fill(dst, dst + d * BK, 0.0f);
-      for (int64_t j = 0; j < cols; ++j)
-        for (int64_t e = 0; e < d; ++e) dst[e * BK + j] = src[j * ks.row + e];
-    }
-  });
   std::atomic<int64_t> next{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(items, 1));
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
@@ -262,10 +299,12 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
     for (int64_t it; (it = next.fetch_add(1)) < items;) {
       const int64_t seq = order[it / hq], h = it % hq, kvh = h / group;
       const int64_t nq = qoff[seq + 1] - qoff[seq], nk = koff[seq + 1] - koff[seq];
-      if (nq > 0)
-        attend_item(qp, kt.get() + (kvh * tiles + tile0[seq]) * d * BK, vp, op, qs, vs,
-                    qoff[seq], nq, koff[seq], nk, h, kvh, (int)d, hq * d, (float)scale, causal,
-                    sc);
+      if (nq == 0) continue;
+      const Keys keys{rows ? rows + koff[seq] : nullptr, koff[seq],
+                      kt.get() + kvh * distinct * d * BK,
+                      tile_of ? tile_of + tile0[seq] : nullptr, tile0[seq]};
+      attend_item(qp, qs, vp + kvh * vs.head, vs.row, keys, op, hq * d, qoff[seq], nq, nk, h,
+                  (int)d, (float)scale, causal, sc);
     }
   });
   return out;

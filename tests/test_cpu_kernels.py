@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from vllm.model_executor.layers import cpu_kernels
 
+NONE = torch.empty(0, dtype=torch.long)
 pytestmark = pytest.mark.skipif(
     "avx512f" not in cpu_kernels._cpu_flags() or shutil.which("c++") is None,
     reason="the kernel needs an AVX-512 CPU and a C++ compiler")
@@ -46,7 +47,7 @@ def test_kernel_matches_sdpa(kernel, head_dim, causal):
     q, k, v = (x.view(t, -1, head_dim) for x in (q, k, v))
     offsets = torch.tensor(np.cumsum([0] + lengths))
     scale = head_dim ** -0.5
-    got = kernel(q, k, v, offsets, offsets, scale, causal)
+    got = kernel(q, k, v, offsets, offsets, NONE, NONE, scale, causal)
     want = _reference(q, k, v, lengths, causal, scale)
     assert got.shape == (t, hq, head_dim) and got.is_contiguous()
     assert (got.double() - want).abs().max().item() < 2e-5
@@ -61,7 +62,7 @@ def test_kernel_queries_after_a_cached_prefix(kernel, causal):
     q = torch.randn(sum(nqs), hq, d, generator=g)
     k, v = torch.randn(sum(nks), hkv, d, generator=g), torch.randn(sum(nks), hkv, d, generator=g)
     qo, ko = torch.tensor(np.cumsum([0] + nqs)), torch.tensor(np.cumsum([0] + nks))
-    got = kernel(q, k, v, qo, ko, 0.125, causal)
+    got = kernel(q, k, v, qo, ko, NONE, NONE, 0.125, causal)
     want = []
     for i, (nq, nk) in enumerate(zip(nqs, nks)):
         qs = q[qo[i]: qo[i + 1]].transpose(0, 1)[None].double()
@@ -73,16 +74,49 @@ def test_kernel_queries_after_a_cached_prefix(kernel, causal):
     assert (got.double() - torch.cat(want)).abs().max().item() < 2e-5
 
 
+def test_kernel_reads_keys_through_slots_with_shared_tiles(kernel):
+    """Keys straight from a paged cache (key_rows), a 150-key prefix shared by 3 sequences
+    (its full 64-key tiles named once in tile_ids): equal to SDPA on gathered keys."""
+    g = torch.Generator().manual_seed(3)
+    hq, hkv, d, slots = 4, 2, 32, 1024
+    cache_k, cache_v = torch.randn(slots, hkv, d, generator=g), torch.randn(slots, hkv, d, generator=g)
+    prefix = torch.randperm(slots, generator=g)[:150]
+    own = torch.randperm(slots, generator=g)[:60].split([10, 20, 30])
+    rows = [torch.cat([prefix, o]) for o in own]
+    nqs = [len(o) for o in own]
+    tiles, ids = {}, []
+    for r in rows:
+        for t in range(0, len(r), 64):
+            ids.append(tiles.setdefault(r[t: t + 64].numpy().tobytes(), len(tiles)))
+    assert len(tiles) == 2 + 3                       # two shared full tiles, one own each
+    q = torch.randn(sum(nqs), hq, d, generator=g)
+    qo = torch.tensor(np.cumsum([0] + nqs))
+    ko = torch.tensor(np.cumsum([0] + [len(r) for r in rows]))
+    got = kernel(q, cache_k, cache_v, qo, ko, torch.cat(rows), torch.tensor(ids), 0.2, True)
+    k, v = cache_k[torch.cat(rows)], cache_v[torch.cat(rows)]
+    want = kernel(q, k, v, qo, ko, NONE, NONE, 0.2, True)
+    ref = []
+    for i, nq in enumerate(nqs):
+        nk = len(rows[i])
+        qs = q[qo[i]: qo[i + 1]].transpose(0, 1)[None].double()
+        ks, vs = (x[ko[i]: ko[i + 1]].transpose(0, 1)[None].double() for x in (k, v))
+        mask = torch.arange(nk)[None, :] <= (nk - nq + torch.arange(nq))[:, None]
+        ref.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=0.2,
+                                                  enable_gqa=True)[0].transpose(0, 1))
+    assert torch.equal(got, want)
+    assert (got.double() - torch.cat(ref)).abs().max().item() < 2e-5
+
+
 def test_kernel_refuses_what_it_cannot_do(kernel):
     x = torch.randn(4, 2, 24)
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        kernel(x, x, x, torch.tensor([0, 4]), torch.tensor([0, 4]), 1.0, False)
+        kernel(x, x, x, torch.tensor([0, 4]), torch.tensor([0, 4]), NONE, NONE, 1.0, False)
     with pytest.raises(RuntimeError, match="float32 only"):
         y = torch.randn(4, 2, 32, dtype=torch.bfloat16)
-        kernel(y, y, y, torch.tensor([0, 4]), torch.tensor([0, 4]), 1.0, False)
+        kernel(y, y, y, torch.tensor([0, 4]), torch.tensor([0, 4]), NONE, NONE, 1.0, False)
     with pytest.raises(RuntimeError, match="more queries than keys"):
         kernel(x[:, :, :16], x[:2, :, :16], x[:2, :, :16], torch.tensor([0, 4]),
-               torch.tensor([0, 2]), 1.0, True)
+               torch.tensor([0, 2]), NONE, NONE, 1.0, True)
 
 
 @pytest.mark.parametrize("fixture", ["bert_embed_dir", "qwen3_embed_dir"])

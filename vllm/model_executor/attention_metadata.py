@@ -13,10 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 # A group may cost at most this much more attention work than its requests need.
 MAX_PADDING_WASTE = 1.3
+# Keys per tile of the C++ attention kernel (csrc/varlen_attention.cpp, BK).
+KERNEL_TILE = 64
 
 
 @dataclass
@@ -57,12 +60,14 @@ class AttentionMetadata:
     # For the packed-sequence kernel (set by `build_groups`). The requests that read no
     # cache sit last, from flat row `packed_start` (T when there are none), with [n + 1]
     # offsets from there. The cache readers before them: [r + 1] query offsets, [r + 1]
-    # key offsets, and the cache slot of each of their keys (prefix + new tokens).
+    # key offsets, the cache slot of each of their keys (prefix + new tokens), and an id
+    # per 64-key tile of their keys, equal for equal tiles (a shared prefix).
     packed_start: int = 0
     packed_offsets: Optional[torch.Tensor] = None
     reader_q_offsets: Optional[torch.Tensor] = None
     reader_k_offsets: Optional[torch.Tensor] = None
     reader_key_slots: Optional[torch.Tensor] = None
+    reader_tile_ids: Optional[torch.Tensor] = None
 
     @property
     def num_reqs(self) -> int:
@@ -111,11 +116,15 @@ def _packed_layout(meta: AttentionMetadata, device: torch.device) -> None:
     meta.reader_q_offsets = torch.tensor(meta.query_start_loc[: first + 1])
     meta.reader_k_offsets = torch.tensor([0] + totals).cumsum(0)
     bs = meta.block_size
-    slots = []
+    slots, tile_ids, seen = [], [], {}
     for i, total in enumerate(totals):
-        p = torch.arange(total)
-        slots.append(torch.tensor(meta.block_tables[i], dtype=torch.long)[p // bs] * bs + p % bs)
-    meta.reader_key_slots = torch.cat(slots).to(device)
+        p = np.arange(total)
+        own = np.asarray(meta.block_tables[i], dtype=np.int64)[p // bs] * bs + p % bs
+        slots.append(own)
+        for t in range(0, total, KERNEL_TILE):
+            tile_ids.append(seen.setdefault(own[t: t + KERNEL_TILE].tobytes(), len(seen)))
+    meta.reader_key_slots = torch.from_numpy(np.concatenate(slots)).to(device)
+    meta.reader_tile_ids = torch.tensor(tile_ids, dtype=torch.long)
 
 
 def _padded_run_end(meta: AttentionMetadata, i: int) -> int:

@@ -3,7 +3,7 @@
 Causal layers write the new tokens' K/V into their cache slots first, then attend from the
 n new queries over the request's k cached + n new keys. On CPU in float32 every request goes
 through the C++ packed-sequence kernel (`cpu_kernels`): one call for the requests that read
-no cache, one for the cache readers over keys gathered from their slots. Writing every new token of the
+no cache, one for the cache readers, which reads their keys from the cache slots directly. Writing every new token of the
 step before any request reads means requests that share a prefix inside one step read
 blocks that are already written. Bidirectional layers keep no cache and see exactly
 their request's own tokens.
@@ -18,6 +18,9 @@ from torch import nn
 
 from vllm.model_executor.attention_metadata import AttentionGroup, AttentionMetadata
 from vllm.model_executor.layers.cpu_kernels import use_varlen_attention, varlen_attention_kernel
+
+
+_NONE = torch.empty(0, dtype=torch.long)  # an absent optional index for the kernel
 
 
 class Attention(nn.Module):
@@ -57,18 +60,17 @@ class Attention(nn.Module):
     def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """Every request in C++ kernel calls: one for the requests that read no cache, one
-        for the cache readers (laid out first) over keys gathered from their slots."""
+        for the cache readers (laid out first), whose keys it reads from the cache slots."""
         kernel, s, t = varlen_attention_kernel(), meta.packed_start, q.shape[0]
         new = None
         if s < t:
             off = meta.packed_offsets
-            new = kernel(q[s:], k[s:], v[s:], off, off, self.scale, meta.causal)
+            new = kernel(q[s:], k[s:], v[s:], off, off, _NONE, _NONE, self.scale, meta.causal)
             if s == 0:
                 return new
-        slots = meta.reader_key_slots
-        readers = kernel(q[:s], self.kv_cache[0].index_select(0, slots),
-                         self.kv_cache[1].index_select(0, slots), meta.reader_q_offsets,
-                         meta.reader_k_offsets, self.scale, meta.causal)
+        readers = kernel(q[:s], self.kv_cache[0], self.kv_cache[1], meta.reader_q_offsets,
+                         meta.reader_k_offsets, meta.reader_key_slots, meta.reader_tile_ids,
+                         self.scale, meta.causal)
         return readers if new is None else torch.cat([readers, new])
 
     def _group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

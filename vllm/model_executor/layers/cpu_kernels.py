@@ -44,7 +44,8 @@ def _unavailable(name: str, reason: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def varlen_attention_kernel() -> Optional[Callable]:
-    """`f(q, k, v, q_offsets, k_offsets, scale, causal) -> out` (float32 [T, H, D], see
+    """`f(q, k, v, q_offsets, k_offsets, key_rows, tile_ids, scale, causal) -> out`
+    (float32 [T, H, D]; empty key_rows / tile_ids: keys are rows of k in order; see
     csrc/varlen_attention.cpp), or None where it cannot be built."""
     name = "varlen_attention"
     if os.environ.get("VLLM_CPU_KERNELS", "1") == "0":
