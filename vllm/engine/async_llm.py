@@ -250,9 +250,7 @@ class AsyncLLM:
         outputs = engine.step()
         with self._cv:
             done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
-        for pending, output in done:
-            if pending is not None:
-                _resolve(pending, result=output)
+        _resolve_outputs([(p, o) for p, o in done if p is not None])
         if not outputs and engine.stats.num_steps == steps:
             with self._cv:  # nothing could be scheduled: do not spin
                 self._cv.wait(0.005)
@@ -278,19 +276,38 @@ class AsyncLLM:
             _resolve(p, error=error)
 
 
+def _complete(pending: _Pending, result: Any, error: Optional[BaseException]) -> None:
+    """Complete `pending`'s future; runs on its event loop."""
+    if pending.future.done():
+        return
+    if isinstance(error, asyncio.CancelledError):
+        pending.future.cancel()
+    elif error is not None:
+        pending.future.set_exception(error)
+    else:
+        pending.future.set_result(result)
+
+
 def _resolve(pending: _Pending, *, result: Any = None,
              error: Optional[BaseException] = None) -> None:
     """Complete an asyncio future from any thread (no-op if it is done or its loop closed)."""
-    def complete() -> None:
-        if pending.future.done():
-            return
-        if isinstance(error, asyncio.CancelledError):
-            pending.future.cancel()
-        elif error is not None:
-            pending.future.set_exception(error)
-        else:
-            pending.future.set_result(result)
     try:
-        pending.loop.call_soon_threadsafe(complete)
+        pending.loop.call_soon_threadsafe(_complete, pending, result, error)
     except RuntimeError:  # the loop is closed: nobody is waiting any more
         pass
+
+
+def _resolve_outputs(done: list[tuple[_Pending, Any]]) -> None:
+    """Complete a step's finished requests with one wake-up per event loop, not one each."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Any]]] = {}
+    for pending, output in done:
+        by_loop.setdefault(pending.loop, []).append((pending, output))
+
+    def complete_all(group: list[tuple[_Pending, Any]]) -> None:
+        for pending, output in group:
+            _complete(pending, output, None)
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(complete_all, group)
+        except RuntimeError:
+            pass
