@@ -84,7 +84,10 @@ class ModelRunner:
         dtype = self.config.model_config.dtype
         slots = self.num_blocks * self.block_size
         for attn in self.model.model.attention_layers():
-            cache = torch.empty(2, slots, attn.num_kv_heads, attn.head_dim, dtype=dtype,
+            # Zeroed, i.e. touched, now: blocks are handed out in LRU order, so otherwise
+            # every step writes into pages never touched before and page-faults them in
+            # (~15% of a prefix-cached step here) until the whole pool has been used once.
+            cache = torch.zeros(2, slots, attn.num_kv_heads, attn.head_dim, dtype=dtype,
                                 device=self.device)
             attn.kv_cache = cache
             self.kv_caches.append(cache)
