@@ -32,7 +32,7 @@ class ModelRunner:
             logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual "
                         "epilogues (VLLM_CPU_ONEDNN_LINEAR=0 turns it off)"
                         if linear_backend(self.device, mc.dtype) == "onednn" else "F.linear")
-            if mc.dtype == torch.float32:  # build (or load) the kernel now, not mid-request
+            if mc.dtype in (torch.float32, torch.bfloat16):  # build (or load) it now
                 kernel = varlen_attention_kernel()
                 logger.info("Attention: %s", "C++ packed-sequence kernel, " + kernel_status(
                     "varlen_attention") if kernel is not None else "torch SDPA; C++ kernel " +

@@ -3,7 +3,8 @@
 Causal layers write the new tokens' K/V into their cache slots first, then attend from the
 n new queries over the request's k cached + n new keys. On CPU in float32 every request goes
 through the C++ packed-sequence kernel (`cpu_kernels`): one call for the requests that read
-no cache, one for the cache readers, which reads their keys from the cache slots directly. Writing every new token of the
+no cache, one for the cache readers, which reads their keys from the cache slots directly.
+In bfloat16 the requests that read no cache take the kernel too (computed in float32). Writing every new token of the
 step before any request reads means requests that share a prefix inside one step read
 blocks that are already written. Bidirectional layers keep no cache and see exactly
 their request's own tokens.
@@ -44,8 +45,8 @@ class Attention(nn.Module):
         if self.kv_cache is not None and meta.slot_mapping is not None:
             self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-        if use_varlen_attention(q, self.head_dim) and (
-                meta.packed_start == 0 or self.kv_cache is not None):
+        if use_varlen_attention(q, self.head_dim) and (meta.packed_start == 0 or (
+                self.kv_cache is not None and self.kv_cache.dtype == torch.float32)):
             return self._packed(q, k, v, meta).view(t, -1)
         if len(meta.groups) == 1 and meta.groups[0].kind != "loop":
             return self._group(q, k, v, meta.groups[0], meta.causal).reshape(t, -1)
@@ -65,7 +66,8 @@ class Attention(nn.Module):
         new = None
         if s < t:
             off = meta.packed_offsets
-            new = kernel(q[s:], k[s:], v[s:], off, off, _NONE, _NONE, self.scale, meta.causal)
+            new = kernel(*(x[s:].float() for x in (q, k, v)), off, off, _NONE, _NONE,
+                         self.scale, meta.causal).to(q.dtype)
             if s == 0:
                 return new
         readers = kernel(q[:s], self.kv_cache[0], self.kv_cache[1], meta.reader_q_offsets,
