@@ -13,9 +13,12 @@ import bench_peak  # noqa: E402
 import common  # noqa: E402
 
 
-def test_matmul_rate_is_positive():
-    r = bench_peak.matmul_gflops(torch.float32, (128, 64, 96), chunks=2, min_chunk_s=0.01)
-    assert r["best_gflops"] >= r["median_gflops"] > 0
+def test_matmul_rate_is_positive_for_every_gemm_library():
+    assert bench_peak.backends()[0] == "matmul"
+    for backend in bench_peak.backends():
+        r = bench_peak.matmul_gflops(torch.float32, (128, 64, 96), chunks=2, min_chunk_s=0.01,
+                                     backend=backend)
+        assert r["best_gflops"] >= r["median_gflops"] > 0 and r["backend"] == backend
 
 
 def test_texts_are_deterministic_and_fit_minilm():
