@@ -22,6 +22,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import model_factory as mf  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_kernels_built():
+    """Build (or load from torch's cache) the C++ kernels once, first: on a fresh machine
+    that takes ~25 s, which must not land inside a test that times a server's start-up."""
+    from vllm.model_executor.layers.cpu_kernels import varlen_attention_kernel
+    varlen_attention_kernel()
+
+
 @pytest.fixture(scope="session")
 def models_root(tmp_path_factory) -> pathlib.Path:
     return tmp_path_factory.mktemp("models")
