@@ -1,4 +1,5 @@
-"""Process settings that make CPU inference fast: keep large buffers in the heap.
+"""Start-up decisions that make CPU inference fast, one log line each: keep large buffers
+in the heap, run projections on oneDNN, build the C++ attention kernel.
 
 glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh mmap'd
 pages and unmaps them on free, so every big activation tensor of a step ([tokens x
@@ -13,7 +14,11 @@ import ctypes
 import ctypes.util
 import os
 
+import torch
+
 from vllm.logger import init_logger
+from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
+from vllm.model_executor.layers.linear import linear_backend
 
 logger = init_logger(__name__)
 
@@ -41,3 +46,16 @@ def tune_malloc() -> bool:
         logger.info("CPU allocator: large buffers kept in the heap for reuse "
                     "(VLLM_CPU_MALLOC_TUNING=0 turns this off).")
     return ok
+
+
+def prepare_cpu(dtype: torch.dtype) -> None:
+    """Tune the allocator, then decide (and log) the projection and attention backends;
+    the attention kernel is built or loaded now rather than inside the first request."""
+    tune_malloc()
+    onednn = linear_backend(torch.device("cpu"), dtype) == "onednn"
+    logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual epilogues "
+                "(VLLM_CPU_ONEDNN_LINEAR=0 turns it off)" if onednn else "F.linear")
+    if dtype in (torch.float32, torch.bfloat16):
+        built = varlen_attention_kernel() is not None
+        logger.info("Attention: %s %s", "C++ packed-sequence kernel," if built else
+                    "torch SDPA; C++ kernel", kernel_status("varlen_attention"))

@@ -12,11 +12,9 @@ from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
 from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups, sort_key
-from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
-from vllm.model_executor.layers.linear import linear_backend
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
-from vllm.worker.cpu_env import tune_malloc
+from vllm.worker.cpu_env import prepare_cpu
 
 logger = init_logger(__name__)
 
@@ -28,15 +26,7 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.device = torch.device(mc.device)
         if self.device.type == "cpu":
-            tune_malloc()
-            logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual "
-                        "epilogues (VLLM_CPU_ONEDNN_LINEAR=0 turns it off)"
-                        if linear_backend(self.device, mc.dtype) == "onednn" else "F.linear")
-            if mc.dtype in (torch.float32, torch.bfloat16):  # build (or load) it now
-                kernel = varlen_attention_kernel()
-                logger.info("Attention: %s", "C++ packed-sequence kernel, " + kernel_status(
-                    "varlen_attention") if kernel is not None else "torch SDPA; C++ kernel " +
-                    kernel_status("varlen_attention"))
+            prepare_cpu(mc.dtype)
         self.model = build_model(mc)
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")
