@@ -102,8 +102,14 @@ def _shared_prefix_batch(fixture: str, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
+@pytest.mark.parametrize("attention", ["default", "sdpa"])
 @pytest.mark.parametrize("fixture", list(MODELS))
-def test_caching_and_chunking_change_no_number(request, shared_llm, fixture):
+def test_caching_and_chunking_change_no_number(request, shared_llm, monkeypatch, fixture,
+                                               attention):
+    """`default`: the C++ kernel where it is built; `sdpa`: torch's padded SDPA path."""
+    if attention == "sdpa":
+        from vllm.model_executor.layers import attention as attention_layer
+        monkeypatch.setattr(attention_layer, "use_varlen_attention", lambda x, d: False)
     model_dir = request.getfixturevalue(fixture)
     task = MODELS[fixture][0]
     prompts = _shared_prefix_batch(fixture)

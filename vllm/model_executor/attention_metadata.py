@@ -5,15 +5,15 @@ The batch is the concatenation of each scheduled request's new tokens. Request `
 (n), at flat offsets `query_start_loc[i]:query_start_loc[i+1]`. Attention therefore
 attends from the n new queries over k + n keys, causally offset by k.
 
-For speed, requests are bucketed into groups of similar shape (built once per step and
-shared by all layers); each group is one padded `scaled_dot_product_attention` call.
+The two attention paths each read their own layout, built on first use and shared by all
+layers of the step: `groups` buckets requests of similar shape for torch SDPA calls;
+`readers` describes the cache-reading requests for the C++ kernel.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
 # A group may cost at most this much more attention work than its requests need.
@@ -44,6 +44,24 @@ class AttentionGroup:
 
 
 @dataclass
+class ReaderLayout:
+    """The cache-reading requests (laid out first) as the C++ kernel takes them."""
+
+    q_offsets: torch.Tensor   # [r + 1] flat offsets of their queries
+    k_offsets: torch.Tensor   # [r + 1] offsets of their keys (prefix + new tokens)
+    key_slots: torch.Tensor   # [sum of keys] cache slot of each key
+    tile_ids: torch.Tensor    # one id per 64-key tile of keys, equal for equal tiles
+
+
+def token_slots(block_ids: Sequence[int], start: int, end: int,
+                block_size: int) -> torch.Tensor:
+    """Cache slots of a request's token positions start..end-1, given its blocks."""
+    p = torch.arange(start, end)
+    return torch.as_tensor(block_ids, dtype=torch.long)[p // block_size] * block_size + \
+        p % block_size
+
+
+@dataclass
 class AttentionMetadata:
     query_start_loc: list[int]          # [B + 1] flat offsets of each request's new tokens
     num_computed: list[int]             # [B] k: tokens of the request already in the cache
@@ -52,26 +70,40 @@ class AttentionMetadata:
     block_tables: list[list[int]]       # [B] block ids holding the request's tokens
     block_size: int
     causal: bool = True
-    groups: list[AttentionGroup] = field(default_factory=list)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # Flat rows whose final hidden state is needed (LAST/CLS pooling of the requests that
     # finish in this step, in pooling order); None = every row. The last layer computes
     # its output only for these rows; earlier layers still run every token (their K/V).
     output_rows: Optional[torch.Tensor] = None
-    # For the packed-sequence kernel (set by `build_groups`). The requests that read no
-    # cache sit last, from flat row `packed_start` (T when there are none), with [n + 1]
-    # offsets from there. The cache readers before them: [r + 1] query offsets, [r + 1]
-    # key offsets, the cache slot of each of their keys (prefix + new tokens), and an id
-    # per 64-key tile of their keys, equal for equal tiles (a shared prefix).
-    packed_start: int = 0
-    packed_offsets: Optional[torch.Tensor] = None
-    reader_q_offsets: Optional[torch.Tensor] = None
-    reader_k_offsets: Optional[torch.Tensor] = None
-    reader_key_slots: Optional[torch.Tensor] = None
-    reader_tile_ids: Optional[torch.Tensor] = None
+    # For the packed-sequence kernel: the requests that read no cache sit last, from flat
+    # row `packed_start` (T when there are none), with [n + 1] offsets from there.
+    packed_start: int = field(init=False)
+    packed_offsets: torch.Tensor = field(init=False)
+    _groups: Optional[list[AttentionGroup]] = field(default=None, init=False, repr=False)
+    _readers: Optional[ReaderLayout] = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        first = next((i for i, k in enumerate(self.num_computed) if k == 0), self.num_reqs)
+        self.packed_start = self.query_start_loc[first]
+        self.packed_offsets = torch.tensor(self.query_start_loc[first:]) - self.packed_start
 
     @property
     def num_reqs(self) -> int:
         return len(self.num_new)
+
+    @property
+    def groups(self) -> list[AttentionGroup]:
+        """The torch SDPA path's buckets, built on first use."""
+        if self._groups is None:
+            self._groups = build_groups(self)
+        return self._groups
+
+    @property
+    def readers(self) -> ReaderLayout:
+        """The C++ kernel's view of the cache readers, built on first use."""
+        if self._readers is None:
+            self._readers = _reader_layout(self)
+        return self._readers
 
 
 def sort_key(num_computed: int, num_new: int) -> tuple[bool, int, int]:
@@ -80,15 +112,14 @@ def sort_key(num_computed: int, num_new: int) -> tuple[bool, int, int]:
     return (num_computed == 0, -num_new, -(num_computed + num_new))
 
 
-def build_groups(meta: AttentionMetadata, device: torch.device) -> None:
-    """Split the requests (laid out in `sort_key` order) into attention groups once per
-    step; every layer reuses them."""
+def build_groups(meta: AttentionMetadata) -> list[AttentionGroup]:
+    """Split the requests (laid out in `sort_key` order) into attention groups."""
     groups: list[AttentionGroup] = []
     i = 0
     while i < meta.num_reqs:
         if meta.num_computed[i] > 0:
             j = _padded_run_end(meta, i)
-            groups.append(_padded_group(meta, list(range(i, j)), device))
+            groups.append(_padded_group(meta, list(range(i, j)), meta.device))
         else:
             j = i + 1
             while j < meta.num_reqs and meta.num_computed[j] == 0 and \
@@ -102,29 +133,22 @@ def build_groups(meta: AttentionMetadata, device: torch.device) -> None:
                 groups.append(AttentionGroup("view" if j - i > 1 else "loop", start, end,
                                              meta.num_new[i:j]))
         i = j
-    meta.groups = groups
-    _packed_layout(meta, device)
+    return groups
 
 
-def _packed_layout(meta: AttentionMetadata, device: torch.device) -> None:
-    first = next((i for i, k in enumerate(meta.num_computed) if k == 0), meta.num_reqs)
-    meta.packed_start = meta.query_start_loc[first]
-    meta.packed_offsets = torch.tensor(meta.query_start_loc[first:]) - meta.packed_start
-    if first == 0:
-        return
-    totals = [meta.num_computed[i] + meta.num_new[i] for i in range(first)]
-    meta.reader_q_offsets = torch.tensor(meta.query_start_loc[: first + 1])
-    meta.reader_k_offsets = torch.tensor([0] + totals).cumsum(0)
-    bs = meta.block_size
+def _reader_layout(meta: AttentionMetadata) -> ReaderLayout:
+    readers = sum(1 for k in meta.num_computed if k > 0)
+    totals = [meta.num_computed[i] + meta.num_new[i] for i in range(readers)]
     slots, tile_ids, seen = [], [], {}
     for i, total in enumerate(totals):
-        p = np.arange(total)
-        own = np.asarray(meta.block_tables[i], dtype=np.int64)[p // bs] * bs + p % bs
+        own = token_slots(meta.block_tables[i], 0, total, meta.block_size)
         slots.append(own)
         for t in range(0, total, KERNEL_TILE):
-            tile_ids.append(seen.setdefault(own[t: t + KERNEL_TILE].tobytes(), len(seen)))
-    meta.reader_key_slots = torch.from_numpy(np.concatenate(slots)).to(device)
-    meta.reader_tile_ids = torch.tensor(tile_ids, dtype=torch.long)
+            key = own[t: t + KERNEL_TILE].numpy().tobytes()
+            tile_ids.append(seen.setdefault(key, len(seen)))
+    return ReaderLayout(torch.tensor(meta.query_start_loc[: readers + 1]),
+                        torch.tensor([0] + totals).cumsum(0),
+                        torch.cat(slots).to(meta.device), torch.tensor(tile_ids))
 
 
 def _padded_run_end(meta: AttentionMetadata, i: int) -> int:
@@ -171,7 +195,5 @@ def _key_slots(meta: AttentionMetadata, members: list[int], lk: int) -> torch.Te
     out = torch.zeros(len(members), lk, dtype=torch.long)
     for row, i in enumerate(members):
         total = meta.num_computed[i] + meta.num_new[i]
-        blocks = torch.tensor(meta.block_tables[i], dtype=torch.long)
-        p = torch.arange(total)
-        out[row, :total] = blocks[p // bs] * bs + p % bs
+        out[row, :total] = token_slots(meta.block_tables[i], 0, total, bs)
     return out

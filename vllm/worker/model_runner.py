@@ -11,7 +11,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
-from vllm.model_executor.attention_metadata import AttentionMetadata, build_groups, sort_key
+from vllm.model_executor.attention_metadata import AttentionMetadata, sort_key, token_slots
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
 from vllm.worker.cpu_env import prepare_cpu
@@ -123,18 +123,14 @@ class ModelRunner:
         meta = AttentionMetadata(
             query_start_loc=starts, num_computed=[s.num_computed for s in out.scheduled],
             num_new=[s.num_new for s in out.scheduled],
-            slot_mapping=self._slot_mapping(out, positions) if self.uses_kv_cache else None,
+            slot_mapping=self._slot_mapping(out) if self.uses_kv_cache else None,
             block_tables=[s.block_ids for s in out.scheduled], block_size=self.block_size,
-            causal=self.config.model_config.is_causal)
-        build_groups(meta, dev)
+            causal=self.config.model_config.is_causal, device=dev)
         token_types = torch.tensor(types, dtype=torch.long, device=dev) if any_types else None
         return (torch.tensor(ids, dtype=torch.long, device=dev), positions.to(dev),
                 token_types, meta)
 
-    def _slot_mapping(self, out: SchedulerOutput, positions: torch.Tensor) -> torch.Tensor:
-        tables = []
-        for s in out.scheduled:
-            blocks = torch.tensor(s.block_ids, dtype=torch.long)
-            p = torch.arange(s.num_computed, s.num_computed + s.num_new)
-            tables.append(blocks[p // self.block_size] * self.block_size + p % self.block_size)
-        return torch.cat(tables).to(self.device)
+    def _slot_mapping(self, out: SchedulerOutput) -> torch.Tensor:
+        """[T] cache slot of every new token, in flat order."""
+        return torch.cat([token_slots(s.block_ids, s.num_computed, s.num_computed + s.num_new,
+                                      self.block_size) for s in out.scheduled]).to(self.device)

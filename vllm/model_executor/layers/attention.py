@@ -4,8 +4,8 @@ Causal layers write the new tokens' K/V into their cache slots first, then atten
 n new queries over the request's k cached + n new keys. On CPU in float32 every request goes
 through the C++ packed-sequence kernel (`cpu_kernels`): one call for the requests that read
 no cache, one for the cache readers, which reads their keys from the cache slots directly.
-In bfloat16 the requests that read no cache take the kernel too (computed in float32). Writing every new token of the
-step before any request reads means requests that share a prefix inside one step read
+In bfloat16 the requests that read no cache take the kernel too (computed in float32).
+Writing every new token of the step before any request reads means requests that share a prefix inside one step read
 blocks that are already written. Bidirectional layers keep no cache and see exactly
 their request's own tokens.
 """
@@ -70,9 +70,9 @@ class Attention(nn.Module):
                          self.scale, meta.causal).to(q.dtype)
             if s == 0:
                 return new
-        readers = kernel(q[:s], self.kv_cache[0], self.kv_cache[1], meta.reader_q_offsets,
-                         meta.reader_k_offsets, meta.reader_key_slots, meta.reader_tile_ids,
-                         self.scale, meta.causal)
+        r = meta.readers
+        readers = kernel(q[:s], self.kv_cache[0], self.kv_cache[1], r.q_offsets, r.k_offsets,
+                         r.key_slots, r.tile_ids, self.scale, meta.causal)
         return readers if new is None else torch.cat([readers, new])
 
     def _group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
