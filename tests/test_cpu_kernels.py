@@ -3,6 +3,7 @@ itself with the kernel on and off."""
 from __future__ import annotations
 
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -106,6 +107,26 @@ def test_kernel_reads_keys_through_slots_with_shared_tiles(kernel):
                                                   enable_gqa=True)[0].transpose(0, 1))
     assert torch.equal(got, want)
     assert (got.double() - torch.cat(ref)).abs().max().item() < 2e-5
+
+
+def test_a_build_killed_midway_does_not_block_the_next_start(kernel):
+    """torch's lock file, left behind by a killed build, would make every later load wait
+    forever; the loader clears it under its own OS lock."""
+    stale = cpu_kernels.build_dir("varlen_attention") / "lock"
+    stale.touch()
+    cpu_kernels.varlen_attention_kernel.cache_clear()
+    loaded = []
+    worker = threading.Thread(target=lambda: loaded.append(
+        cpu_kernels.varlen_attention_kernel()), daemon=True)
+    try:
+        worker.start()
+        worker.join(120)
+        assert loaded and loaded[0] is not None, "the load waited on the stale lock"
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        cpu_kernels.varlen_attention_kernel.cache_clear()
+        cpu_kernels.varlen_attention_kernel()
 
 
 def test_kernel_refuses_what_it_cannot_do(kernel):

@@ -1,15 +1,18 @@
 """C++ CPU kernels from `csrc/`, built on first use with torch's extension tooling.
 
 `pip install` compiles nothing: the first engine that wants a kernel builds it with the
-system C++ compiler for the CPU it runs on (`-O3 -march=native`) into torch's extension
-cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), which later processes
-reuse; the cache name carries a hash of the CPU's flags, so a shared home directory never
-hands one CPU a binary built for another. Where a kernel cannot be had (no AVX-512, no
+system C++ compiler for the CPU it runs on (`-O3 -march=native`) into
+`$XDG_CACHE_HOME/vllm/cpu_kernels/<name>_<hash of the CPU's flags>` (default ~/.cache), which
+later processes reuse; the hash keeps a shared home directory from handing one CPU a binary
+built for another. Builds are serialised by an OS file lock, which dies with its process:
+torch's own lock file, which a build killed mid-way leaves behind and on which every later
+start would wait forever, is cleared under it. Where a kernel cannot be had (no AVX-512, no
 compiler, a source-less install, `VLLM_CPU_KERNELS=0`) callers use PyTorch, and
 `kernel_status()` says why.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -37,6 +40,26 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def build_dir(name: str) -> pathlib.Path:
+    """Where kernel `name` is built for this CPU."""
+    tag = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:10]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(cache) / "vllm" / "cpu_kernels" / f"{name}_{tag}"
+
+
+def _build(name: str, source: pathlib.Path):
+    """Build (or load) one extension module under an OS lock; clear a stale torch lock."""
+    from torch.utils.cpp_extension import load
+    where = build_dir(name)
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "vllm-build.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released by the OS if this process dies
+        (where / "lock").unlink(missing_ok=True)  # torch's, left by a killed build
+        return load(name=f"vllm_{where.name}", sources=[str(source)],
+                    extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                    build_directory=str(where), verbose=False)
+
+
 def _unavailable(name: str, reason: str) -> None:
     _status[name] = f"unavailable ({reason})"
     return None
@@ -56,12 +79,9 @@ def varlen_attention_kernel() -> Optional[Callable]:
     source = CSRC / "varlen_attention.cpp"
     if not source.exists():
         return _unavailable(name, f"{source} is not there (not a source checkout)")
-    tag = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:10]
     start = time.perf_counter()
     try:
-        from torch.utils.cpp_extension import load
-        module = load(name=f"vllm_varlen_attention_{tag}", sources=[str(source)],
-                      extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
+        module = _build(name, source)
     except Exception as exc:  # no compiler, no ninja, a compile error: fall back
         return _unavailable(name, f"build failed: {str(exc).splitlines()[0][:200]}")
     _status[name] = f"ready ({time.perf_counter() - start:.1f} s to build or load)"
