@@ -13,17 +13,9 @@ from typing import Callable
 
 import torch
 
+from vllm.model_executor.layers.cpu_kernels import cpu_flags  # noqa: F401 (re-exported)
+
 RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.partition(":")[2].split())
 
 
 def has_fast_bf16() -> bool:

@@ -14,7 +14,7 @@ from vllm.model_executor.layers import cpu_kernels
 
 NONE = torch.empty(0, dtype=torch.long)
 pytestmark = pytest.mark.skipif(
-    "avx512f" not in cpu_kernels._cpu_flags() or shutil.which("c++") is None
+    "avx512f" not in cpu_kernels.cpu_flags() or shutil.which("c++") is None
     or shutil.which("ninja") is None,
     reason="the kernel needs an AVX-512 CPU, a C++ compiler and ninja")
 

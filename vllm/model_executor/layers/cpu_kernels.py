@@ -30,7 +30,8 @@ CSRC = pathlib.Path(__file__).resolve().parents[3] / "csrc"
 _status: dict[str, str] = {}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -42,7 +43,7 @@ def _cpu_flags() -> set[str]:
 
 def build_dir(name: str) -> pathlib.Path:
     """Where kernel `name` is built for this CPU."""
-    tag = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:10]
+    tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(cache) / "vllm" / "cpu_kernels" / f"{name}_{tag}"
 
@@ -73,7 +74,7 @@ def varlen_attention_kernel() -> Optional[Callable]:
     name = "varlen_attention"
     if os.environ.get("VLLM_CPU_KERNELS", "1") == "0":
         return _unavailable(name, "VLLM_CPU_KERNELS=0")
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if "avx512f" not in flags:
         return _unavailable(name, "the CPU has no AVX-512")
     source = CSRC / "varlen_attention.cpp"

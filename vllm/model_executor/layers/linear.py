@@ -49,8 +49,8 @@ def onednn_linear_ok(dtype: torch.dtype) -> bool:
     tol = 1e-3 if dtype == torch.float32 else 0.5
     try:
         with torch.inference_mode():
-            got = [_onednn(x, w, b, "gelu"), _onednn_add(x, other, w, b),
-                   _onednn_mul(x, other, w, b)]
+            got = [_onednn(x, w, b, "gelu"), _onednn_binary(x, other, w, b, "add"),
+                   _onednn_binary(x, other, w, b, "mul")]
         want = [F.gelu(ref), ref + other.double(), ref * other.double()]
         return all(torch.allclose(a.double(), e, atol=tol, rtol=tol)
                    for a, e in zip(got, want))
@@ -72,12 +72,9 @@ def _onednn(x, w, b, activation: Optional[str]) -> torch.Tensor:
     return _onednn_op()(x, w, b, attr, [], algorithm)
 
 
-def _onednn_add(x, other, w, b) -> torch.Tensor:
-    return _onednn_op().binary(x, other, w, b, "add")
-
-
-def _onednn_mul(x, other, w, b) -> torch.Tensor:
-    return _onednn_op().binary(x, other, w, b, "mul")
+def _onednn_binary(x, other, w, b, op: str) -> torch.Tensor:
+    """(x @ w.T + b) `op` other, the op ("add" or "mul") in the GEMM's epilogue."""
+    return _onednn_op().binary(x, other, w, b, op)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -93,7 +90,7 @@ def linear_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x @ weight.T + bias + residual (the residual connection after a projection)."""
     if _fast(x, weight) and residual.dtype == x.dtype:
-        return _onednn_add(x.contiguous(), residual.contiguous(), weight, bias)
+        return _onednn_binary(x.contiguous(), residual.contiguous(), weight, bias, "add")
     return F.linear(x, weight, bias) + residual
 
 
@@ -101,7 +98,7 @@ def linear_mul(x: torch.Tensor, other: torch.Tensor, weight: torch.Tensor,
                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(x @ weight.T + bias) * other (the up projection of a gated MLP)."""
     if _fast(x, weight) and other.dtype == x.dtype:
-        return _onednn_mul(x.contiguous(), other.contiguous(), weight, bias)
+        return _onednn_binary(x.contiguous(), other.contiguous(), weight, bias, "mul")
     return F.linear(x, weight, bias) * other
 
 
@@ -112,7 +109,7 @@ def gated_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
     if _fast(x, gate_up_weight):
         x = x.contiguous()
         gate = _onednn(x, gate_up_weight[:i], None, "silu")
-        return _onednn_mul(x, gate, gate_up_weight[i:], None)
+        return _onednn_binary(x, gate, gate_up_weight[i:], None, "mul")
     gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)
     return F.silu(gate) * up
 
