@@ -144,6 +144,28 @@ def test_cancel_aborts_the_engine_request():
         llm.shutdown()
 
 
+def test_cancelling_a_submitted_future_aborts_the_engine_request():
+    """The server awaits plain futures (no task per prompt): cancelling one aborts it."""
+    engine = FakeEngine(steps_per_request=10 ** 9)
+    llm = AsyncLLM(engine)
+    try:
+        async def main():
+            future = llm.submit("p", None, "slow")
+            with pytest.raises(ValueError, match="already running"):
+                llm.submit("p", None, "slow")
+            while not engine.batches:
+                await asyncio.sleep(0.001)
+            future.cancel()
+            for _ in range(500):
+                if "slow" in engine.aborted:
+                    break
+                await asyncio.sleep(0.01)
+        asyncio.run(main())
+        assert engine.aborted == ["slow"] and not engine.running and not llm._pending
+    finally:
+        llm.shutdown()
+
+
 def test_a_bad_request_fails_alone(fake):
     engine, llm = fake
 
@@ -228,7 +250,8 @@ def test_tokenization_runs_off_the_event_loop(fake):
     assert all(name.startswith("vllm-tokenizer") for name, _ in out)
 
 
-def test_http_client_disconnect_aborts_its_request():
+@pytest.mark.parametrize("inputs", ["a", ["a", "b", "c"]])
+def test_http_client_disconnect_aborts_its_request(inputs):
     from test_server import Server
     engine = FakeEngine(steps_per_request=10 ** 9)
     engine.vllm_config.model_config.pooler_config = types.SimpleNamespace(normalize=True)
@@ -236,12 +259,13 @@ def test_http_client_disconnect_aborts_its_request():
     server = Server(llm, served_model_name=["fake"])
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server.url}/v1/embeddings", json={"input": "a"}, timeout=0.5)
+            httpx.post(f"{server.url}/v1/embeddings", json={"input": inputs}, timeout=0.5)
+        expected = 1 if isinstance(inputs, str) else len(inputs)
         for _ in range(300):
-            if engine.aborted:
+            if len(engine.aborted) == expected:
                 break
             threading.Event().wait(0.01)
-        assert len(engine.aborted) == 1 and not engine.running
+        assert len(engine.aborted) == expected and not engine.running
         assert llm.is_alive
     finally:
         server.close()

@@ -590,4 +590,5 @@ def test_cli_serve_and_sigterm_shutdown():
             proc.wait()
     text = "".join(log)
     assert "Ignoring enforce_eager" in text and "Supported tasks" in text
+    assert re.search(r"Garbage collector: [1-9]\d* start-up objects frozen", text), text
     assert "No MODEL given" in text and "PoolerConfig(pooling_type='MEAN'" in text and "Server stopped" in text

@@ -141,13 +141,13 @@ class AsyncLLM:
         return await self.run_in_tokenizer_thread(work)
 
     # ----- requests --------------------------------------------------------------------
-    async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
-        """Run one tokenized prompt through the engine; return its PoolingRequestOutput.
+    def submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Future:
+        """Hand one tokenized prompt to the engine; the returned future (of the running
+        event loop) resolves to its PoolingRequestOutput. Cancelling the future aborts the
+        request. Raises ValueError for a duplicate id, EngineDeadError when the engine is
+        not running; a request the engine refuses fails its future with ValueError.
 
-        Cancelling the awaiting task (e.g. the client went away) aborts the request.
-        Raises ValueError for a request the engine refuses, EngineDeadError when the
-        engine is not running.
-        """
+        A plain future rather than a task: a server request costs no task per prompt."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         with self._cv:
@@ -158,11 +158,13 @@ class AsyncLLM:
             self._pending[request_id] = _Pending(loop, future, prompt, params)
             self._inbox.append(request_id)
             self._cv.notify()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self.abort([request_id])
-            raise
+        future.add_done_callback(lambda f: self.abort([request_id]) if f.cancelled() else None)
+        return future
+
+    async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
+        """`submit` and wait. Cancelling the awaiting task (e.g. the client went away)
+        aborts the request."""
+        return await self.submit(prompt, params, request_id)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Forget these requests; those already in the engine are aborted there."""

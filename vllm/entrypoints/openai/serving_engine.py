@@ -168,20 +168,21 @@ class ServingContext:
         start = time.perf_counter()
         # Engine ids stay unique even when clients reuse an X-Request-Id.
         base_id = f"{base_id}-{next(self._request_counter)}"
-        tasks = [asyncio.ensure_future(engine.encode(p, params.clone(), f"{base_id}-{i}"))
-                 for i, p in enumerate(prompts)]
-        watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+        futures: list[asyncio.Future] = []
+        watcher: Optional[asyncio.Future] = None
         try:
-            waiting: set[asyncio.Future] = set(tasks) | {watcher}
-            while len(waiting) > 1:
-                done, waiting = await asyncio.wait(waiting,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                if watcher in done:
-                    raise ClientDisconnected()
-                for task in done:
-                    if task.exception() is not None:
-                        raise task.exception()
-            outputs = [t.result() for t in tasks]
+            for i, p in enumerate(prompts):
+                futures.append(engine.submit(p, params.clone(), f"{base_id}-{i}"))
+            everything = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
+            watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+            watcher.add_done_callback(lambda _: everything.cancel())
+            try:
+                outputs = await everything
+            except asyncio.CancelledError:
+                if watcher.done() and not watcher.cancelled():
+                    raise ClientDisconnected() from None
+                raise
+            outputs = outputs if isinstance(outputs, list) else [outputs]
         except APIError:
             raise
         except EngineDeadError as exc:
@@ -191,10 +192,10 @@ class ServingContext:
         except Exception as exc:  # the engine failed while computing these prompts
             raise APIError(500, f"The engine failed on this request: {exc!r}") from exc
         finally:
-            watcher.cancel()
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            for future in futures:  # after a failure or disconnect: abort the rest
+                future.cancel()
         if self.metrics is not None:
             self.metrics.observe_engine_latency(time.perf_counter() - start)
         return outputs

@@ -21,6 +21,12 @@ def encode_base64(data: torch.Tensor) -> str:
     return base64.b64encode(array.astype("<f4", copy=False).tobytes()).decode("ascii")
 
 
+def as_list(data: torch.Tensor) -> list[float]:
+    """The output's values as a flat list; a 1-D output (the usual case) skips `reshape`,
+    a torch op that hands the GIL to the engine thread mid-request."""
+    return data.tolist() if data.dim() == 1 else data.reshape(-1).tolist()
+
+
 def prompt_tokens(outputs: list[Any]) -> int:
     return sum(len(o.prompt_token_ids) for o in outputs)
 
@@ -50,7 +56,7 @@ class ServingPooling:
         b64 = body.encoding_format == "base64"
         data = [EmbeddingResponseData(
             index=i, embedding=encode_base64(o.outputs.data) if b64
-            else o.outputs.data.reshape(-1).tolist()) for i, o in enumerate(outputs)]
+            else as_list(o.outputs.data)) for i, o in enumerate(outputs)]
         return EmbeddingResponse(id=rid, model=model, data=data,
                                  usage=UsageInfo.of(prompt_tokens(outputs)))
 
@@ -75,7 +81,7 @@ class ServingPooling:
         id2label = self.ctx.model_config.id2label
         data = []
         for i, o in enumerate(outputs):
-            probs = o.outputs.data.reshape(-1).tolist()
+            probs = as_list(o.outputs.data)
             best = max(range(len(probs)), key=probs.__getitem__)
             data.append(ClassificationData(index=i, label=id2label.get(best, f"LABEL_{best}"),
                                            probs=probs, num_classes=len(probs)))
