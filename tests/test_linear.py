@@ -78,6 +78,33 @@ def test_module_keeps_nn_linear_parameters():
         lin.Linear(8, 4, activation="swiglu")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_layers_compute_the_same(backend, dtype):
+    """`pack_weights` keeps every projection's output bit for bit (oneDNN) and releases the
+    plain weight; off the oneDNN path nothing is packed."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"plain": lin.Linear(96, 80),
+                                 "act": lin.Linear(96, 80, activation="gelu"),
+                                 "gated": lin.GatedLinear(96, 40)}).to(dtype)
+    x, _, _, other = _inputs(dtype)
+    with torch.inference_mode():
+        before = [model["plain"](x), model["plain"].forward_add(x, other), model["act"](x),
+                  model["gated"](x)]
+        packed = lin.pack_weights(model)
+        after = [model["plain"](x), model["plain"].forward_add(x, other), model["act"](x),
+                 model["gated"](x)]
+    if backend == "torch":
+        assert packed == 0 and not any(p.is_meta for p in model.parameters())
+        return
+    assert packed == 3 and lin.pack_weights(model) == 3   # packing twice is a no-op
+    assert all(model[k].weight.is_meta and model[k].weight.shape == (80, 96) for k in model)
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)
+    from vllm.model_executor.weight_utils import copy_param
+    with pytest.raises(RuntimeError, match="already packed"):
+        copy_param(model["plain"].weight, torch.zeros(80, 96, dtype=dtype), "plain.weight")
+
+
 def test_bfloat16_engine_tracks_float32(shared_llm, minilm_dir):
     """The whole bf16 path (oneDNN projections, bf16 attention) stays within cos 0.999."""
     texts = ["a short sentence", "the quick brown fox jumps over the lazy dog " * 12,

@@ -8,6 +8,7 @@ from torch import nn
 
 from vllm.config.model import ModelConfig
 from vllm.logger import init_logger
+from vllm.model_executor.layers.linear import pack_weights
 from vllm.model_executor.models.adapters import DenseLayer, RewardHead
 from vllm.model_executor.models.registry import load_model_class
 from vllm.model_executor.weight_utils import copy_param, iterate_weights
@@ -49,6 +50,9 @@ def build_model(mc: ModelConfig) -> PoolingModel:
         layer.load()
     model.to(device=mc.device, dtype=mc.dtype).eval()
     model.requires_grad_(False)
+    packed = pack_weights(model)
+    if packed:
+        logger.info("Linear layers: %d weights packed once in oneDNN's blocked layout.", packed)
     logger.info("Loaded %s (%s backbone, head: %s) in %s on %s", mc.architecture,
                 cls.__name__, type(head).__name__ if head is not None else "none",
                 str(mc.dtype).replace("torch.", ""), mc.device)

@@ -38,6 +38,7 @@ def iterate_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def copy_shard(param: torch.Tensor, shard_sizes: list[int], shard: int,
                tensor: torch.Tensor) -> None:
     """Copy `tensor` into rows `shard` of a fused parameter stacked along dim 0."""
+    _check_loadable(param, f"shard {shard}")
     offset = sum(shard_sizes[:shard])
     size = shard_sizes[shard]
     if tensor.shape[0] != size:
@@ -46,7 +47,16 @@ def copy_shard(param: torch.Tensor, shard_sizes: list[int], shard: int,
 
 
 def copy_param(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    _check_loadable(param, name)
     if param.shape != tensor.shape:
         raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, the model "
                          f"expects {tuple(param.shape)}")
     param.data.copy_(tensor)
+
+
+def _check_loadable(param: torch.Tensor, name: str) -> None:
+    """A packed projection's weight is a meta placeholder (`Linear.pack`): copying into
+    it would silently do nothing."""
+    if param.is_meta:
+        raise RuntimeError(f"Cannot load weight {name!r}: its layer was already packed for "
+                           "oneDNN (pack_weights); load every weight before packing.")

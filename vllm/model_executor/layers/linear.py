@@ -7,6 +7,10 @@ GFLOP/s) and applies an activation, a residual add or a multiply in the GEMM's e
 so those element-wise passes over [tokens x width] disappear. The backend is chosen once
 per dtype by a self-check against `F.linear`; any other device or dtype, a torch without
 oneDNN, or `VLLM_CPU_ONEDNN_LINEAR=0` uses plain `F.linear` and separate element-wise ops.
+
+On that path the loaded model's weights are packed once (`pack_weights`) into oneDNN's
+blocked layout, which oneDNN otherwise rebuilds from the plain [out, in] weight on every
+call: that was 37% of a 9-token projection's time and 5-8% of an 1800-token one.
 """
 from __future__ import annotations
 
@@ -49,13 +53,22 @@ def onednn_linear_ok(dtype: torch.dtype) -> bool:
     tol = 1e-3 if dtype == torch.float32 else 0.5
     try:
         with torch.inference_mode():
+            packed = pack_weight(w)
             got = [_onednn(x, w, b, "gelu"), _onednn_binary(x, other, w, b, "add"),
-                   _onednn_binary(x, other, w, b, "mul")]
-        want = [F.gelu(ref), ref + other.double(), ref * other.double()]
+                   _onednn_binary(x, other, w, b, "mul"), _onednn(x, packed, b, "gelu"),
+                   _onednn_binary(x, other, packed, b, "add")]
+        want = [F.gelu(ref), ref + other.double(), ref * other.double(), F.gelu(ref),
+                ref + other.double()]
         return all(torch.allclose(a.double(), e, atol=tol, rtol=tol)
                    for a, e in zip(got, want))
     except (RuntimeError, TypeError):
         return False
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of an [out, in] weight (an opaque mkldnn tensor that only the
+    oneDNN GEMMs here accept)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
 def linear_backend(device: torch.device, dtype: torch.dtype) -> str:
@@ -129,11 +142,61 @@ class Linear(nn.Linear):
                  activation: Optional[str] = None) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.activation = None if activation is None else check_activation(activation)
+        self.packed: Optional[torch.Tensor] = None  # set by pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.activation)
+        return linear(x, self._gemm_weight(), self.bias, self.activation)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b + residual; only for layers without an activation."""
         assert self.activation is None, "forward_add is for projections without activation"
-        return linear_add(x, residual, self.weight, self.bias)
+        return linear_add(x, residual, self._gemm_weight(), self.bias)
+
+    def _gemm_weight(self) -> torch.Tensor:
+        return self.weight if self.packed is None else self.packed
+
+    def pack(self) -> bool:
+        """Keep the weight in oneDNN's blocked layout from now on (see the module
+        docstring); False, and nothing changed, off the oneDNN path. The plain weight is
+        released: the parameter becomes a meta tensor of the same shape and dtype, so any
+        computation with it fails loudly (and the weight loaders refuse to copy into it)."""
+        weight = self.weight
+        if weight.is_meta:  # packed already
+            return True
+        if linear_backend(weight.device, weight.dtype) != "onednn":
+            return False
+        self._store_packed(weight)
+        self.weight = nn.Parameter(torch.empty_like(weight, device="meta"),
+                                   requires_grad=False)
+        return True
+
+    def _store_packed(self, weight: torch.Tensor) -> None:
+        self.packed = pack_weight(weight)
+
+
+class GatedLinear(Linear):
+    """The fused [gate; up] projection of a gated MLP, without bias:
+    forward(x) = silu(x @ gate.T) * (x @ up.T)."""
+
+    def __init__(self, in_features: int, intermediate_size: int) -> None:
+        super().__init__(in_features, 2 * intermediate_size, bias=False)
+        self.halves: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # set by pack()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.halves is None:
+            return gated_silu(x, self.weight)
+        gate, up = self.halves
+        if not _fast(x, gate):
+            raise RuntimeError("A packed GatedLinear runs on oneDNN only (CPU, its dtype).")
+        x = x.contiguous()
+        return _onednn_binary(x, _onednn(x, gate, None, "silu"), up, None, "mul")
+
+    def _store_packed(self, weight: torch.Tensor) -> None:
+        i = weight.shape[0] // 2
+        self.halves = (pack_weight(weight[:i]), pack_weight(weight[i:]))
+
+
+def pack_weights(model: nn.Module) -> int:
+    """Pack every `Linear` of a loaded model for oneDNN (see `Linear.pack`); returns how
+    many were packed (0 off the oneDNN path)."""
+    return sum(m.pack() for m in model.modules() if isinstance(m, Linear))

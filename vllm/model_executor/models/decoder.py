@@ -14,7 +14,7 @@ from torch import nn
 
 from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import Linear, gated_silu
+from vllm.model_executor.layers.linear import GatedLinear, Linear
 from vllm.model_executor.layers.norm import RMSNorm
 from vllm.model_executor.layers.rotary import (RotaryEmbedding, apply_rotary,
                                                interleave_halves, rope_parameters)
@@ -63,7 +63,7 @@ class DecoderMLP(nn.Module):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
         self.shard_sizes = [i, i]
-        self.gate_up_proj = Linear(h, 2 * i, bias=False)
+        self.gate_up_proj = GatedLinear(h, i)
         self.down_proj = Linear(i, h, bias=False)
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
@@ -71,7 +71,7 @@ class DecoderMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + the MLP of x."""
-        return self.down_proj.forward_add(gated_silu(x, self.gate_up_proj.weight), residual)
+        return self.down_proj.forward_add(self.gate_up_proj(x), residual)
 
 
 class DecoderLayer(nn.Module):
