@@ -26,8 +26,9 @@ import model_factory as mf  # noqa: E402
 def _cpu_kernels_built():
     """Build (or load from torch's cache) the C++ kernels once, first: on a fresh machine
     that takes ~25 s, which must not land inside a test that times a server's start-up."""
-    from vllm.model_executor.layers.cpu_kernels import varlen_attention_kernel
+    from vllm.model_executor.layers.cpu_kernels import rms_norm_kernel, varlen_attention_kernel
     varlen_attention_kernel()
+    rms_norm_kernel()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The C++ packed-sequence attention kernel equals torch's SDPA, and the engine equals
-itself with the kernel on and off."""
+"""The C++ kernels (packed-sequence attention, one-pass RMSNorm) equal torch, and the
+engine equals itself with them on and off."""
 from __future__ import annotations
 
 import shutil
@@ -114,7 +114,7 @@ def test_a_build_killed_midway_does_not_block_the_next_start(kernel):
     forever; the loader clears it under its own OS lock."""
     stale = cpu_kernels.build_dir("varlen_attention") / "lock"
     stale.touch()
-    cpu_kernels.varlen_attention_kernel.cache_clear()
+    cpu_kernels._module.cache_clear()
     loaded = []
     worker = threading.Thread(target=lambda: loaded.append(
         cpu_kernels.varlen_attention_kernel()), daemon=True)
@@ -125,7 +125,7 @@ def test_a_build_killed_midway_does_not_block_the_next_start(kernel):
         assert not stale.exists()
     finally:
         stale.unlink(missing_ok=True)
-        cpu_kernels.varlen_attention_kernel.cache_clear()
+        cpu_kernels._module.cache_clear()
         cpu_kernels.varlen_attention_kernel()
 
 
@@ -151,4 +151,51 @@ def test_engine_same_with_and_without_kernel(request, kernel, monkeypatch, fixtu
     from vllm.model_executor.layers import attention
     monkeypatch.setattr(attention, "use_varlen_attention", lambda x, d: False)
     without = [o.outputs.embedding for o in LLM(path).embed(prompts)]
+    np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=2e-6)
+
+
+def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.double()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@pytest.mark.parametrize("width", [40, 128, 1024])
+def test_rms_norm_kernel_matches_torch(width):
+    kernel = cpu_kernels.rms_norm_kernel()
+    assert kernel is not None, cpu_kernels.kernel_status("rms_norm")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, width, generator=g) * 3
+    w = torch.randn(width, generator=g)
+    got = kernel(x, w, 1e-6)
+    assert got.shape == x.shape
+    assert (got.double() - _rms_reference(x, w, 1e-6)).abs().max().item() < 1e-5
+    # q / k heads split out of a fused projection: strided rows, contiguous output
+    fused = torch.randn(37, 5 * width, generator=g)
+    heads = fused[:, width: 4 * width].reshape(37, 3, width)
+    got = kernel(heads, w, 1e-5)
+    assert got.is_contiguous()
+    assert (got.double() - _rms_reference(heads, w, 1e-5)).abs().max().item() < 1e-5
+
+
+def test_rms_norm_kernel_refuses_what_it_cannot_do():
+    kernel = cpu_kernels.rms_norm_kernel()
+    with pytest.raises(RuntimeError, match="float32 only"):
+        kernel(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(RuntimeError, match="contiguous \\[D\\] vector"):
+        kernel(torch.randn(2, 8), torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError, match="unit stride"):
+        kernel(torch.randn(8, 2).t(), torch.ones(8), 1e-6)
+
+
+def test_engine_same_with_and_without_rms_norm_kernel(qwen3_embed_dir, monkeypatch):
+    from vllm import LLM
+    from vllm.model_executor.layers import norm
+    prompts = ["short", "a somewhat longer prompt that spans more tokens " * 3]
+    calls = []
+    kernel = cpu_kernels.rms_norm_kernel()
+    monkeypatch.setattr(norm, "rms_norm_kernel", lambda: calls.append(1) or kernel)
+    with_kernel = [o.outputs.embedding for o in LLM(qwen3_embed_dir).embed(prompts)]
+    assert calls, "the float32 decoder did not use the RMSNorm kernel"
+    monkeypatch.setattr(norm, "rms_norm_kernel", lambda: None)
+    without = [o.outputs.embedding for o in LLM(qwen3_embed_dir).embed(prompts)]
     np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=2e-6)

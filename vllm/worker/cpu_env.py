@@ -17,7 +17,8 @@ import os
 import torch
 
 from vllm.logger import init_logger
-from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
+from vllm.model_executor.layers.cpu_kernels import (kernel_status, rms_norm_kernel,
+                                                    varlen_attention_kernel)
 from vllm.model_executor.layers.linear import linear_backend
 
 logger = init_logger(__name__)
@@ -59,3 +60,14 @@ def prepare_cpu(dtype: torch.dtype) -> None:
         built = varlen_attention_kernel() is not None
         logger.info("Attention: %s %s", "C++ packed-sequence kernel," if built else
                     "torch SDPA; C++ kernel", kernel_status("varlen_attention"))
+
+
+def prepare_norm_kernel(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """A float32 model with RMSNorm layers gets the one-pass C++ RMSNorm: built or loaded
+    now, at start-up, rather than inside the first request."""
+    from vllm.model_executor.layers.norm import RMSNorm
+    if dtype != torch.float32 or not any(isinstance(m, RMSNorm) for m in model.modules()):
+        return
+    built = rms_norm_kernel() is not None
+    logger.info("RMSNorm: %s %s", "C++ one-pass kernel," if built else "torch ops; C++ kernel",
+                kernel_status("rms_norm"))

@@ -14,7 +14,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.attention_metadata import AttentionMetadata, sort_key, token_slots
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
-from vllm.worker.cpu_env import prepare_cpu
+from vllm.worker.cpu_env import prepare_cpu, prepare_norm_kernel
 
 logger = init_logger(__name__)
 
@@ -28,6 +28,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             prepare_cpu(mc.dtype)
         self.model = build_model(mc)
+        if self.device.type == "cpu":
+            prepare_norm_kernel(self.model, mc.dtype)
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")
         self.block_size = vllm_config.cache_config.block_size

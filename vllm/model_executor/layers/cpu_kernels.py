@@ -67,17 +67,13 @@ def _unavailable(name: str, reason: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def varlen_attention_kernel() -> Optional[Callable]:
-    """`f(q, k, v, q_offsets, k_offsets, key_rows, tile_ids, scale, causal) -> out`
-    (float32 [T, H, D]; empty key_rows / tile_ids: keys are rows of k in order; see
-    csrc/varlen_attention.cpp), or None where it cannot be built."""
-    name = "varlen_attention"
+def _module(name: str, needs_avx512: bool):
+    """The built extension module for csrc/<name>.cpp, or None (and why, in the status)."""
     if os.environ.get("VLLM_CPU_KERNELS", "1") == "0":
         return _unavailable(name, "VLLM_CPU_KERNELS=0")
-    flags = cpu_flags()
-    if "avx512f" not in flags:
+    if needs_avx512 and "avx512f" not in cpu_flags():
         return _unavailable(name, "the CPU has no AVX-512")
-    source = CSRC / "varlen_attention.cpp"
+    source = CSRC / f"{name}.cpp"
     if not source.exists():
         return _unavailable(name, f"{source} is not there (not a source checkout)")
     start = time.perf_counter()
@@ -86,7 +82,22 @@ def varlen_attention_kernel() -> Optional[Callable]:
     except Exception as exc:  # no compiler, no ninja, a compile error: fall back
         return _unavailable(name, f"build failed: {str(exc).splitlines()[0][:200]}")
     _status[name] = f"ready ({time.perf_counter() - start:.1f} s to build or load)"
-    return module.varlen_attention
+    return module
+
+
+def varlen_attention_kernel() -> Optional[Callable]:
+    """`f(q, k, v, q_offsets, k_offsets, key_rows, tile_ids, scale, causal) -> out`
+    (float32 [T, H, D]; empty key_rows / tile_ids: keys are rows of k in order; see
+    csrc/varlen_attention.cpp), or None where it cannot be built."""
+    module = _module("varlen_attention", True)
+    return None if module is None else module.varlen_attention
+
+
+def rms_norm_kernel() -> Optional[Callable]:
+    """`f(x, weight, eps) -> out`: RMSNorm of float32 [N, D] / [N0, N1, D] rows in one pass
+    (csrc/rms_norm.cpp), or None where it cannot be built."""
+    module = _module("rms_norm", False)
+    return None if module is None else module.rms_norm
 
 
 def kernel_status(name: str) -> str:

@@ -1,11 +1,15 @@
 """RMSNorm as decoder checkpoints define it (normalised in float32).
 
-Written out rather than `F.rms_norm`: the same operations in the same order as Hugging
-Face's implementation (bit-identical to `F.rms_norm` in float32), and about a third faster
-on CPU, where torch 2.13's `rms_norm` is not fused.
+On CPU in float32 it runs the one-pass C++ kernel (csrc/rms_norm.cpp, 2-3x the torch ops
+below, equal to them within float32 rounding). Otherwise it is written out rather than
+`F.rms_norm`: the same operations in the same order as Hugging Face's implementation
+(bit-identical to `F.rms_norm` in float32), and about a third faster on CPU, where torch
+2.13's `rms_norm` is not fused.
 """
 import torch
 from torch import nn
+
+from vllm.model_executor.layers.cpu_kernels import rms_norm_kernel
 
 
 class RMSNorm(nn.Module):
@@ -15,6 +19,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(-1) == 1 \
+                and x.dim() in (2, 3) and self.weight.dtype == torch.float32:
+            kernel = rms_norm_kernel()
+            if kernel is not None:
+                return kernel(x, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if x.dtype == torch.float32:
