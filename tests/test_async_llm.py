@@ -25,6 +25,8 @@ class FakeEngine:
         self.processor = types.SimpleNamespace(
             tokenize_many=lambda prompts, truncate=None: [
                 (threading.current_thread().name, p) for p in prompts],
+            tokenize_texts=lambda prompts: [
+                (threading.current_thread().name, p.text) for p in prompts],
             tokenize_prompt=None, tokenize_pair=None)
         self.steps_per_request = steps_per_request
         self.running: dict[str, int] = {}
@@ -164,6 +166,49 @@ def test_cancelling_a_submitted_future_aborts_the_engine_request():
         assert engine.aborted == ["slow"] and not engine.running and not llm._pending
     finally:
         llm.shutdown()
+
+
+def test_texts_are_tokenized_on_the_engine_thread_in_one_batch(fake):
+    """Texts that arrive for one step are tokenized together by the engine loop (not on
+    the event loop or beside a running step); a text the tokenizer refuses fails alone."""
+    from vllm.engine.processor import TextPrompt
+    engine, llm = fake
+    batches = []
+
+    def tokenize_texts(prompts):
+        batches.append((threading.current_thread().name, [p.text for p in prompts]))
+        return [ValueError("too long") if p.text == "bad" else ("ids", p.text)
+                for p in prompts]
+    engine.processor.tokenize_texts = tokenize_texts
+
+    async def main():
+        blocker = await _hold_a_step(engine, llm, "first")
+        rest = [asyncio.ensure_future(llm.encode(TextPrompt(t), None, t))
+                for t in ("x", "bad", "y")]
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        return await asyncio.gather(blocker, *rest, return_exceptions=True)
+
+    first, x, bad, y = asyncio.run(main())
+    assert batches == [("vllm-engine-loop", ["x", "bad", "y"])]
+    assert x.request_id == "x" and y.request_id == "y"
+    assert isinstance(bad, ValueError) and "too long" in str(bad)
+    assert engine.batches[-1] == ["x", "y"] and llm.is_alive
+
+
+def test_processor_tokenize_texts_isolates_a_bad_text(minilm_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
+    mc = EngineArgs(model=str(minilm_dir)).create_engine_config().model_config
+    processor = InputProcessor(mc, load_tokenizer(mc))
+    prompts = [TextPrompt("hello world"), TextPrompt("word " * 400),
+               TextPrompt("word " * 400, truncate_prompt_tokens=8), TextPrompt("a b c")]
+    out = processor.tokenize_texts(prompts)
+    assert isinstance(out[1], ValueError) and "maximum context length" in str(out[1])
+    for i in (0, 3):
+        assert out[i].prompt_token_ids == processor.tokenize_prompt(prompts[i].text)\
+            .prompt_token_ids
+    assert len(out[2].prompt_token_ids) == 8
 
 
 def test_a_bad_request_fails_alone(fake):

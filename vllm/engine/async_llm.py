@@ -12,8 +12,12 @@ spin-waiting between parallel regions once it manages more threads than there ar
 with a second pool (model loaded on the main thread, steps run on the engine thread) a
 short request's step took 5.4 ms instead of 3.1 ms here.
 
-Tokenization runs on a single worker thread (Hugging Face fast tokenizers are not
-safe to reconfigure from several threads at once), never on the event loop.
+Plain texts reach the engine untokenized (`TextPrompt`); the loop tokenizes every text
+that arrived for a step in one batch call, between steps. On cores shared with the model,
+tokenizing on another thread while a step runs stalls the step's OpenMP threads each time it
+preempts one (+6% requests/s at 32 clients here, A/B). Token-id prompts, pairs and
+/tokenize are tokenized on a single worker thread (Hugging Face fast tokenizers are not
+safe to reconfigure from several threads at once); never on the event loop.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
+from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -230,14 +235,22 @@ class AsyncLLM:
             self._fail_all(self.dead_error)
 
     def _admit(self, aborts: list[str], new: list[tuple[str, _Pending]]) -> None:
-        """Apply aborts, then add new requests; a request the engine refuses fails alone."""
+        """Apply aborts, tokenize the new texts in one batch, then add the new requests; a
+        request the tokenizer or the engine refuses fails alone."""
         if aborts:
             try:
                 self.engine.abort_request(aborts)
             except (KeyError, ValueError):  # finished meanwhile: nothing to abort
                 logger.debug("Abort of finished request(s) %s ignored.", aborts)
+        texts = [p for _, p in new if isinstance(p.prompt, TextPrompt)]
+        if texts:
+            for p, tokenized in zip(texts, self.engine.processor.tokenize_texts(
+                    [p.prompt for p in texts])):
+                p.prompt = tokenized
         for rid, pending in new:
             try:
+                if isinstance(pending.prompt, ValueError):
+                    raise pending.prompt
                 self.engine.add_request(rid, pending.prompt, pending.params)
             except Exception as exc:
                 with self._cv:

@@ -18,6 +18,14 @@ class TokenizedPrompt:
     cache_salt: Optional[str] = None   # separates prefix-cache entries (e.g. per tenant)
 
 
+@dataclass
+class TextPrompt:
+    """A plain string the server hands to the engine untokenized: the engine loop
+    tokenizes every text that arrived for a step in one batch (see AsyncLLM)."""
+    text: str
+    truncate_prompt_tokens: Optional[int] = None
+
+
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
     tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
     if mc.st_config is not None and mc.st_config.do_lower_case and \
@@ -94,6 +102,30 @@ class InputProcessor:
             if out[i] is None:
                 out[i] = self.tokenize_prompt(p, truncate_prompt_tokens)
         return out
+
+    def tokenize_texts(self, prompts: list[TextPrompt]) -> list[Union[TokenizedPrompt,
+                                                                      ValueError]]:
+        """Tokenize texts in one batch call per truncation setting; a text the tokenizer or
+        the length check refuses gets its ValueError in its place, the others are kept."""
+        out: list[Union[TokenizedPrompt, ValueError, None]] = [None] * len(prompts)
+        groups: dict[Optional[int], list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(p.truncate_prompt_tokens, []).append(i)
+        for truncate, idx in groups.items():
+            try:
+                done = self.tokenize_many([prompts[i].text for i in idx], truncate)
+            except ValueError:  # find the culprit(s): one text at a time
+                done = [self._try_one(prompts[i].text, truncate) for i in idx]
+            for i, result in zip(idx, done):
+                out[i] = result
+        return out  # type: ignore[return-value]
+
+    def _try_one(self, text: str, truncate: Optional[int]) -> Union[TokenizedPrompt,
+                                                                    ValueError]:
+        try:
+            return self.tokenize_prompt(text, truncate)
+        except ValueError as exc:
+            return exc
 
     def tokenize_pair(self, text_1: str, text_2: str,
                       truncate_prompt_tokens: Optional[int] = None) -> TokenizedPrompt:

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
+from vllm.engine.processor import TextPrompt
 from vllm.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
 from vllm.pooling_params import PoolingParams
 
@@ -144,6 +145,13 @@ class ServingContext:
     async def tokenize(self, prompts: Sequence[Any], truncate: Optional[int],
                        add_special_tokens: bool = True,
                        param: Optional[str] = "input") -> list[Any]:
+        """Engine prompts. Plain strings go to the engine as `TextPrompt`s, which its loop
+        tokenizes in one batch between steps (a text it refuses fails in `run`); anything
+        else is tokenized here, on the tokenizer thread (a refusal is a 400 naming
+        `param`)."""
+        if add_special_tokens and all(isinstance(p, str) for p in prompts):
+            k = self.check_truncation(truncate)
+            return [TextPrompt(p, k) for p in prompts]
         try:
             return await self.engine.tokenize_prompts(
                 prompts, truncate_prompt_tokens=self.check_truncation(truncate),
@@ -161,9 +169,10 @@ class ServingContext:
 
     # ----- running --------------------------------------------------------------------
     async def run(self, request: Request, prompts: Sequence[Any], params: PoolingParams,
-                  base_id: str) -> list[Any]:
+                  base_id: str, param: Optional[str] = "input") -> list[Any]:
         """Send every prompt to the engine at once (they share steps); return the outputs
-        in prompt order. A client disconnect or a failure aborts all of them."""
+        in prompt order. A client disconnect or a failure aborts all of them; a prompt the
+        engine refuses is a 400 naming `param`."""
         engine = self.engine
         start = time.perf_counter()
         # Engine ids stay unique even when clients reuse an X-Request-Id.
@@ -188,7 +197,7 @@ class ServingContext:
         except EngineDeadError as exc:
             raise APIError(503, str(exc)) from exc
         except ValueError as exc:
-            raise bad_request(str(exc)) from exc
+            raise bad_request(str(exc), param) from exc
         except Exception as exc:  # the engine failed while computing these prompts
             raise APIError(500, f"The engine failed on this request: {exc!r}") from exc
         finally:

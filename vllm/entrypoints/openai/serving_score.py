@@ -47,7 +47,7 @@ class ServingScores:
                                      use_activation=use_activation)
             prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
                                                truncate)
-            outputs = await ctx.run(http, prompts, params, base_id)
+            outputs = await ctx.run(http, prompts, params, base_id, param=None)
             scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
             return scores, prompt_tokens(outputs)
         if activation is not None or use_activation is not None:
@@ -55,7 +55,7 @@ class ServingScores:
                               "scores by cosine similarity of embeddings.", "activation")
         params = ctx.make_params("embed")
         prompts = await ctx.tokenize(text_1 + text_2, truncate, param=None)
-        outputs = await ctx.run(http, prompts, params, base_id)
+        outputs = await ctx.run(http, prompts, params, base_id, param=None)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
         scores = [float(cosine_score(first[i].outputs.data.reshape(-1),
                                      second[j].outputs.data.reshape(-1))) for i, j in pairs]
