@@ -147,10 +147,11 @@ class AsyncLLM:
 
     # ----- requests --------------------------------------------------------------------
     def submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Future:
-        """Hand one tokenized prompt to the engine; the returned future (of the running
-        event loop) resolves to its PoolingRequestOutput. Cancelling the future aborts the
-        request. Raises ValueError for a duplicate id, EngineDeadError when the engine is
-        not running; a request the engine refuses fails its future with ValueError.
+        """Hand one prompt (tokenized, or a `TextPrompt` the loop tokenizes) to the
+        engine; the returned future (of the running event loop) resolves to its
+        PoolingRequestOutput. Cancelling the future aborts the request. Raises ValueError
+        for a duplicate id, EngineDeadError when the engine is not running; a prompt the
+        tokenizer or the engine refuses fails its future with ValueError.
 
         A plain future rather than a task: a server request costs no task per prompt."""
         loop = asyncio.get_running_loop()
