@@ -1,6 +1,6 @@
 """RMSNorm as decoder checkpoints define it (normalised in float32).
 
-On CPU in float32 it runs the one-pass C++ kernel (csrc/rms_norm.cpp, 2-3x the torch ops
+On CPU in float32 it runs the one-pass C++ kernel (csrc/rms_norm.cpp, ~5x the torch ops
 below, equal to them within float32 rounding). Otherwise it is written out rather than
 `F.rms_norm`: the same operations in the same order as Hugging Face's implementation
 (bit-identical to `F.rms_norm` in float32), and about a third faster on CPU, where torch
