@@ -159,43 +159,55 @@ def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [40, 128, 1024])
-def test_rms_norm_kernel_matches_torch(width):
+def test_rms_norm_kernel_matches_torch(width, dtype):
+    """Equal to Hugging Face's formula: float32 within rounding; bfloat16 rounded where
+    Hugging Face rounds (the normalised row, then the product with the weight)."""
     kernel = cpu_kernels.rms_norm_kernel()
     assert kernel is not None, cpu_kernels.kernel_status("rms_norm")
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(37, width, generator=g) * 3
-    w = torch.randn(width, generator=g)
-    got = kernel(x, w, 1e-6)
-    assert got.shape == x.shape
-    assert (got.double() - _rms_reference(x, w, 1e-6)).abs().max().item() < 1e-5
-    # q / k heads split out of a fused projection: strided rows, contiguous output
-    fused = torch.randn(37, 5 * width, generator=g)
-    heads = fused[:, width: 4 * width].reshape(37, 3, width)
-    got = kernel(heads, w, 1e-5)
-    assert got.is_contiguous()
-    assert (got.double() - _rms_reference(heads, w, 1e-5)).abs().max().item() < 1e-5
+    w = torch.randn(width, generator=g).to(dtype)
+    fused = (torch.randn(37, 5 * width, generator=g) * 3).to(dtype)
+    # rows of a plain matrix, and q / k heads split out of a fused projection (strided)
+    for x, eps in ((fused[:, :width].contiguous(), 1e-6),
+                   (fused[:, width: 4 * width].reshape(37, 3, width), 1e-5)):
+        got = kernel(x, w, eps)
+        assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+        h = x.double()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        if dtype == torch.float32:
+            assert (got.double() - h * w.double()).abs().max().item() < 1e-5
+        else:  # Hugging Face: weight * h.to(bfloat16), both rounded to bfloat16
+            want = w * h.to(dtype)
+            assert (got.float() - want.float()).abs().max().item() <= \
+                want.float().abs().max().item() / 64  # at most an ulp or two apart
 
 
 def test_rms_norm_kernel_refuses_what_it_cannot_do():
     kernel = cpu_kernels.rms_norm_kernel()
-    with pytest.raises(RuntimeError, match="float32 only"):
-        kernel(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16 only"):
+        kernel(torch.randn(2, 8, dtype=torch.float16), torch.ones(8, dtype=torch.float16), 1e-6)
+    with pytest.raises(RuntimeError, match="weight must have x's dtype"):
+        kernel(torch.randn(2, 8), torch.ones(8, dtype=torch.bfloat16), 1e-6)
     with pytest.raises(RuntimeError, match="contiguous \\[D\\] vector"):
         kernel(torch.randn(2, 8), torch.ones(4), 1e-6)
     with pytest.raises(RuntimeError, match="unit stride"):
         kernel(torch.randn(8, 2).t(), torch.ones(8), 1e-6)
 
 
-def test_engine_same_with_and_without_rms_norm_kernel(qwen3_embed_dir, monkeypatch):
+@pytest.mark.parametrize("dtype,atol", [("float32", 2e-6), ("bfloat16", 4e-3)])
+def test_engine_same_with_and_without_rms_norm_kernel(qwen3_embed_dir, monkeypatch, dtype,
+                                                      atol):
     from vllm import LLM
     from vllm.model_executor.layers import norm
     prompts = ["short", "a somewhat longer prompt that spans more tokens " * 3]
     calls = []
     kernel = cpu_kernels.rms_norm_kernel()
     monkeypatch.setattr(norm, "rms_norm_kernel", lambda: calls.append(1) or kernel)
-    with_kernel = [o.outputs.embedding for o in LLM(qwen3_embed_dir).embed(prompts)]
-    assert calls, "the float32 decoder did not use the RMSNorm kernel"
+    with_kernel = [o.outputs.embedding
+                   for o in LLM(qwen3_embed_dir, dtype=dtype).embed(prompts)]
+    assert calls, "the decoder did not use the RMSNorm kernel"
     monkeypatch.setattr(norm, "rms_norm_kernel", lambda: None)
-    without = [o.outputs.embedding for o in LLM(qwen3_embed_dir).embed(prompts)]
-    np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=2e-6)
+    without = [o.outputs.embedding for o in LLM(qwen3_embed_dir, dtype=dtype).embed(prompts)]
+    np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=atol)

@@ -63,10 +63,10 @@ def prepare_cpu(dtype: torch.dtype) -> None:
 
 
 def prepare_norm_kernel(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """A float32 model with RMSNorm layers gets the one-pass C++ RMSNorm: built or loaded
-    now, at start-up, rather than inside the first request."""
-    from vllm.model_executor.layers.norm import RMSNorm
-    if dtype != torch.float32 or not any(isinstance(m, RMSNorm) for m in model.modules()):
+    """A float32 / bfloat16 model with RMSNorm layers gets the one-pass C++ RMSNorm: built
+    or loaded now, at start-up, rather than inside the first request."""
+    from vllm.model_executor.layers.norm import _KERNEL_DTYPES, RMSNorm
+    if dtype not in _KERNEL_DTYPES or not any(isinstance(m, RMSNorm) for m in model.modules()):
         return
     built = rms_norm_kernel() is not None
     logger.info("RMSNorm: %s %s", "C++ one-pass kernel," if built else "torch ops; C++ kernel",
