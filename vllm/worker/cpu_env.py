@@ -1,5 +1,5 @@
 """Start-up decisions that make CPU inference fast, one log line each: keep large buffers
-in the heap, run projections on oneDNN, build the C++ attention kernel.
+in the heap, run projections on oneDNN, build the C++ attention and RMSNorm kernels.
 
 glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh mmap'd
 pages and unmaps them on free, so every big activation tensor of a step ([tokens x
@@ -65,8 +65,8 @@ def prepare_cpu(dtype: torch.dtype) -> None:
 def prepare_norm_kernel(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """A float32 / bfloat16 model with RMSNorm layers gets the one-pass C++ RMSNorm: built
     or loaded now, at start-up, rather than inside the first request."""
-    from vllm.model_executor.layers.norm import _KERNEL_DTYPES, RMSNorm
-    if dtype not in _KERNEL_DTYPES or not any(isinstance(m, RMSNorm) for m in model.modules()):
+    from vllm.model_executor.layers.norm import KERNEL_DTYPES, RMSNorm
+    if dtype not in KERNEL_DTYPES or not any(isinstance(m, RMSNorm) for m in model.modules()):
         return
     built = rms_norm_kernel() is not None
     logger.info("RMSNorm: %s %s", "C++ one-pass kernel," if built else "torch ops; C++ kernel",

@@ -94,8 +94,8 @@ def varlen_attention_kernel() -> Optional[Callable]:
 
 
 def rms_norm_kernel() -> Optional[Callable]:
-    """`f(x, weight, eps) -> out`: RMSNorm of float32 [N, D] / [N0, N1, D] rows in one pass
-    (csrc/rms_norm.cpp), or None where it cannot be built."""
+    """`f(x, weight, eps) -> out`: RMSNorm of float32 / bfloat16 [N, D] or [N0, N1, D] rows
+    in one pass (csrc/rms_norm.cpp), or None where it cannot be built."""
     module = _module("rms_norm", False)
     return None if module is None else module.rms_norm
 

@@ -120,11 +120,15 @@ def gated_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
     oneDNN that is two GEMMs whose epilogues apply the silu and the multiply."""
     i = gate_up_weight.shape[0] // 2
     if _fast(x, gate_up_weight):
-        x = x.contiguous()
-        gate = _onednn(x, gate_up_weight[:i], None, "silu")
-        return _onednn_binary(x, gate, gate_up_weight[i:], None, "mul")
+        return _onednn_gated(x, gate_up_weight[:i], gate_up_weight[i:])
     gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def _onednn_gated(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) as two oneDNN GEMMs (plain or packed weights)."""
+    x = x.contiguous()
+    return _onednn_binary(x, _onednn(x, gate, None, "silu"), up, None, "mul")
 
 
 def check_activation(name: str) -> str:
@@ -188,8 +192,7 @@ class GatedLinear(Linear):
         gate, up = self.halves
         if not _fast(x, gate):
             raise RuntimeError("A packed GatedLinear runs on oneDNN only (CPU, its dtype).")
-        x = x.contiguous()
-        return _onednn_binary(x, _onednn(x, gate, None, "silu"), up, None, "mul")
+        return _onednn_gated(x, gate, up)
 
     def _store_packed(self, weight: torch.Tensor) -> None:
         i = weight.shape[0] // 2

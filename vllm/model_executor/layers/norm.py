@@ -1,18 +1,18 @@
 """RMSNorm as decoder checkpoints define it (normalised in float32).
 
-On CPU in float32 and bfloat16 it runs the one-pass C++ kernel (csrc/rms_norm.cpp, ~5x the
-torch ops below in float32, ~7x in bfloat16; equal to them within float32 rounding, and
-within one bfloat16 ulp for a few elements in a million). Otherwise it is written out rather than
-`F.rms_norm`: the same operations in the same order as Hugging Face's implementation
-(bit-identical to `F.rms_norm` in float32), and about a third faster on CPU, where torch
-2.13's `rms_norm` is not fused.
+On CPU in float32 and bfloat16 it runs the one-pass C++ kernel (csrc/rms_norm.cpp, ~5x
+the torch ops below in float32, ~7x in bfloat16; equal to them within float32 rounding,
+and within one bfloat16 ulp for a few elements in a million). Otherwise it is written out
+rather than `F.rms_norm`: the same operations in the same order as Hugging Face's
+implementation (bit-identical to `F.rms_norm` in float32), and about a third faster on
+CPU, where torch 2.13's `rms_norm` is not fused.
 """
 import torch
 from torch import nn
 
 from vllm.model_executor.layers.cpu_kernels import rms_norm_kernel
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class RMSNorm(nn.Module):
@@ -22,7 +22,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype in _KERNEL_DTYPES and x.dtype == self.weight.dtype \
+        if x.dtype in KERNEL_DTYPES and x.dtype == self.weight.dtype \
                 and x.device.type == "cpu" and x.stride(-1) == 1 and x.dim() in (2, 3):
             kernel = rms_norm_kernel()
             if kernel is not None:
