@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
+from vllm.worker.cpu_env import tune_malloc
 
 logger = init_logger(__name__)
 
@@ -62,6 +63,7 @@ class AsyncLLM:
         thread (which then starts at once) and its exception is raised here."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
+        tune_malloc()  # before the engine thread allocates: it must share the main heap
         self._cv = threading.Condition()
         self._pending: dict[str, _Pending] = {}
         self._inbox: list[str] = []
