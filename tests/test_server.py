@@ -160,7 +160,10 @@ def test_openai_client_embeddings_match_llm_embed(minilm, minilm_llm, minilm_dir
 def test_embeddings_shapes_token_ids_and_usage(minilm, minilm_dir):
     ids = _tokens(minilm_dir, "Hello world")["input_ids"]
     by_text = _ok(minilm.post("/v1/embeddings", {"input": "Hello world"}))
-    assert by_text["id"].startswith("embd-") and isinstance(by_text["created"], int)
+    assert re.fullmatch(r"embd-[0-9a-f]{32}", by_text["id"]) and isinstance(by_text["created"],
+                                                                            int)
+    again = _ok(minilm.post("/v1/embeddings", {"input": "Hello world"}))
+    assert again["id"] != by_text["id"]
     assert set(by_text) == {"id", "object", "created", "model", "data", "usage"}
     assert by_text["data"][0]["object"] == "embedding" and len(by_text["data"][0]["embedding"]) \
         == 384
