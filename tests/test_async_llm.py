@@ -3,6 +3,7 @@ engine death (and /health turning 503), shutdown, tokenization off the event loo
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import types
 
@@ -27,7 +28,8 @@ class FakeEngine:
                 (threading.current_thread().name, p) for p in prompts],
             tokenize_texts=lambda prompts: [
                 (threading.current_thread().name, p.text) for p in prompts],
-            tokenize_prompt=None, tokenize_pair=None)
+            tokenize_prompt=None, tokenize_pair=None, tokenizer=None)
+        self.processor.clone = lambda: self.processor
         self.steps_per_request = steps_per_request
         self.running: dict[str, int] = {}
         self.batches: list[list[str]] = []
@@ -209,6 +211,55 @@ def test_processor_tokenize_texts_isolates_a_bad_text(minilm_dir):
         assert out[i].prompt_token_ids == processor.tokenize_prompt(prompts[i].text)\
             .prompt_token_ids
     assert len(out[2].prompt_token_ids) == 8
+
+
+def test_tokenizer_thread_and_engine_loop_truncate_independently(minilm_dir):
+    """The engine loop (texts, no truncation) and the tokenizer thread (truncation to 8)
+    tokenize at the same time. A Hugging Face tokenizer keeps its truncation settings on
+    the object, so one shared by both threads truncated texts wrongly (in a stand-alone
+    stress, 50 of 600 calls); the identity check below is what always catches sharing,
+    the stress shows the outputs stay right."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
+    mc = EngineArgs(model=str(minilm_dir)).create_engine_config().model_config
+    engine_side = InputProcessor(mc, load_tokenizer(mc))
+    thread_side = engine_side.clone()
+    assert thread_side.tokenizer.backend_tokenizer is not engine_side.tokenizer.backend_tokenizer
+    texts = [f"text {i} " + "word " * (60 + i) for i in range(64)]
+    full = [len(p.prompt_token_ids) for p in engine_side.tokenize_many(texts)]
+    wrong: list[str] = []
+
+    def engine_loop() -> None:
+        for _ in range(100):
+            out = engine_side.tokenize_texts([TextPrompt(t) for t in texts])
+            wrong.extend("truncated" for p, n in zip(out, full) if len(p.prompt_token_ids) != n)
+
+    def tokenizer_thread() -> None:
+        for _ in range(100):
+            out = thread_side.tokenize_many(texts, 8)
+            wrong.extend("not truncated" for p in out if len(p.prompt_token_ids) != 8)
+    threads = [threading.Thread(target=engine_loop), threading.Thread(target=tokenizer_thread)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so any sharing shows
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not wrong, wrong[:5]
+
+
+def test_async_llm_tokenizes_on_its_own_tokenizer(minilm_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(minilm_dir)))
+    try:
+        assert llm.tokenizer is llm.processor.tokenizer
+        assert llm.tokenizer is not llm.engine.tokenizer
+        assert llm.tokenizer("a b")["input_ids"] == llm.engine.tokenizer("a b")["input_ids"]
+    finally:
+        llm.shutdown()
 
 
 def test_a_bad_request_fails_alone(fake):

@@ -16,8 +16,10 @@ Plain texts reach the engine untokenized (`TextPrompt`); the loop tokenizes ever
 that arrived for a step in one batch call, between steps. On cores shared with the model,
 tokenizing on another thread while a step runs stalls the step's OpenMP threads each time it
 preempts one (+6% requests/s at 32 clients here, A/B). Token-id prompts, pairs and
-/tokenize are tokenized on a single worker thread (Hugging Face fast tokenizers are not
-safe to reconfigure from several threads at once); never on the event loop.
+/tokenize are tokenized on a single worker thread, never on the event loop, with a copy of
+the tokenizer of its own: a Hugging Face fast tokenizer keeps its truncation settings on
+the tokenizer object, so two threads sharing one silently truncated each other's texts
+(or not) when their settings differed.
 """
 from __future__ import annotations
 
@@ -89,7 +91,9 @@ class AsyncLLM:
         self.engine = engine
         self.vllm_config = engine.vllm_config
         self.model_config = engine.vllm_config.model_config
-        self.tokenizer = engine.tokenizer
+        # The tokenizer thread's own processor; the engine's is used by the engine loop only.
+        self.processor = engine.processor.clone()
+        self.tokenizer = self.processor.tokenizer
 
     @classmethod
     def from_engine_args(cls, engine_args: Any) -> "AsyncLLM":
@@ -128,7 +132,7 @@ class AsyncLLM:
                                truncate_prompt_tokens: Optional[int] = None,
                                add_special_tokens: bool = True) -> list[Any]:
         """Tokenize every prompt (str, token ids, or a prompt dict) in one thread hop."""
-        processor = self.engine.processor
+        processor = self.processor
 
         def work() -> list[Any]:
             if add_special_tokens:  # strings go through the tokenizer in one batch call
@@ -140,7 +144,7 @@ class AsyncLLM:
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
                              truncate_prompt_tokens: Optional[int] = None) -> list[Any]:
         """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form."""
-        processor = self.engine.processor
+        processor = self.processor
 
         def work() -> list[Any]:
             return [processor.tokenize_pair(a, b, truncate_prompt_tokens=truncate_prompt_tokens)

@@ -1,6 +1,7 @@
 """Turn user prompts into validated token ids (the engine's input side)."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -39,6 +40,12 @@ class InputProcessor:
         self.mc = model_config
         self.tokenizer = tokenizer
         self.vocab_size = max(len(tokenizer), getattr(model_config.hf_config, "vocab_size", 0))
+
+    def clone(self) -> "InputProcessor":
+        """An equal processor with a tokenizer of its own, for use on another thread: a
+        Hugging Face fast tokenizer keeps its truncation settings on the object, so two
+        threads sharing one truncate each other's texts (or not) when those differ."""
+        return InputProcessor(self.mc, copy.deepcopy(self.tokenizer))
 
     def _truncation(self, truncate_prompt_tokens: Optional[int]) -> dict:
         if truncate_prompt_tokens is None:
