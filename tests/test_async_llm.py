@@ -251,10 +251,17 @@ def test_tokenizer_thread_and_engine_loop_truncate_independently(minilm_dir):
     assert not wrong, wrong[:5]
 
 
-def test_async_llm_tokenizes_on_its_own_tokenizer(minilm_dir):
+def test_async_llm_tunes_malloc_first_and_tokenizes_on_its_own_tokenizer(minilm_dir,
+                                                                         monkeypatch):
+    import vllm.engine.async_llm as async_llm
     from vllm.engine.arg_utils import EngineArgs
-    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(minilm_dir)))
+    callers: list[str] = []
+    monkeypatch.setattr(async_llm, "tune_malloc",
+                        lambda: callers.append(threading.current_thread().name))
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(minilm_dir), device="cpu"))
     try:
+        # on the caller's thread, before the engine thread's first allocation
+        assert callers == [threading.current_thread().name]
         assert llm.tokenizer is llm.processor.tokenizer
         assert llm.tokenizer is not llm.engine.tokenizer
         assert llm.tokenizer("a b")["input_ids"] == llm.engine.tokenizer("a b")["input_ids"]

@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
+import torch
+
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
 from vllm.worker.cpu_env import tune_malloc
@@ -65,7 +67,6 @@ class AsyncLLM:
         thread (which then starts at once) and its exception is raised here."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
-        tune_malloc()  # before the engine thread allocates: it must share the main heap
         self._cv = threading.Condition()
         self._pending: dict[str, _Pending] = {}
         self._inbox: list[str] = []
@@ -97,8 +98,12 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: Any) -> "AsyncLLM":
-        """Build the engine on the engine thread and serve it."""
+        """Build the engine on the engine thread and serve it. On CPU, glibc is tuned first:
+        the engine thread must share the main heap from its first allocation."""
         from vllm.engine.llm_engine import LLMEngine
+        device = engine_args.device
+        if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+            tune_malloc()
         return cls(build=lambda: LLMEngine.from_engine_args(engine_args))
 
     # ----- health -------------------------------------------------------------------
