@@ -5,9 +5,11 @@ in a subprocess (access log off; waits on /health; always terminated in `finally
 drives POST /v1/embeddings with 1, 8 and 32 concurrent clients (aiohttp, as upstream's
 serving benchmark, or `--client httpx`; one text per request, 256 requests per level; the
 same 8-200-word texts as bench_embed). In this process, offline `LLM(dir).embed(texts)` runs on the same texts; each repeat runs
-offline, then every level, so noise hits all alike. Reports requests/s (median over
-repeats), p50/p99 latency (over all repeats' requests), model FLOP utilisation, and each
-level's ratio to the offline texts/s; then one short input, sequentially at 1 client
+offline, then every level, then all texts in one request, so noise hits all alike. Reports
+requests/s (median over repeats), p50/p99 latency (over all repeats' requests), model FLOP
+utilisation, each level's ratio to the offline texts/s and to the one-request rate of the
+same server (the per-request HTTP cost, free of the offline run's own process, whose speed
+differs by a few % from launch to launch); then one short input, sequentially at 1 client
 (p50) vs the offline single-request time (median), interleaved in rounds.
 The client shares the CPU with the server, as it would on a one-box deployment.
 
@@ -118,6 +120,23 @@ async def drive(url: str, model: str, texts: list[str], clients: int,
         await post.close()
 
 
+async def drive_one_request(url: str, model: str, texts: list[str],
+                            client_lib: str = "aiohttp") -> float:
+    """Send every text in one request (the server's own batch rate, free of per-request HTTP
+    work); wall seconds. The response is checked (one 384-float embedding per text)."""
+    post = await _poster(url, 1, client_lib)
+    try:
+        start = time.perf_counter()
+        status, body = await post.send({"model": model, "input": texts})
+        wall = time.perf_counter() - start
+        data = json.loads(body)["data"] if status == 200 else None
+        if data is None or len(data) != len(texts) or len(data[0]["embedding"]) != 384:
+            raise RuntimeError(f"one request of {len(texts)} texts: {status} {body[:200]!r}")
+        return wall
+    finally:
+        await post.close()
+
+
 async def _poster(url: str, clients: int, client_lib: str):
     """A `send(json) -> (status, body)` over `clients` pooled connections. aiohttp is what
     upstream vLLM's serving benchmark drives with (about 0.25 ms of client CPU per request
@@ -193,7 +212,7 @@ def main() -> None:
         offline()                                            # warm-up, both sides
         asyncio.run(drive(server.url, model, texts, max(levels), args.client))
 
-        walls: dict = {"offline": []}
+        walls: dict = {"offline": [], "one_request": []}
         walls.update({c: [] for c in levels})
         lats: dict = {c: [] for c in levels}
         for _ in range(args.repeats):
@@ -204,6 +223,8 @@ def main() -> None:
                 wall, lat = asyncio.run(drive(server.url, model, texts, c, args.client))
                 walls[c].append(wall)
                 lats[c] += lat
+            walls["one_request"].append(asyncio.run(drive_one_request(
+                server.url, model, texts, args.client)))
 
         single_off, single_srv = [], []
         for _ in range(args.short_rounds):
@@ -220,11 +241,17 @@ def main() -> None:
     rows = {"offline LLM.embed": {
         "requests_per_s": off_rate, "p50_ms": None, "p99_ms": None, "ratio_to_offline": 1.0,
         "mfu": flops / median(walls["offline"]) / 1e9 / peak}}
+    one_rate = len(texts) / median(walls["one_request"])
+    rows["serve, one request"] = {
+        "requests_per_s": one_rate, "p50_ms": None, "p99_ms": None,
+        "ratio_to_offline": one_rate / off_rate,
+        "mfu": flops / median(walls["one_request"]) / 1e9 / peak}
     for c in levels:
         rate = len(texts) / median(walls[c])
         rows[f"serve, {c} client{'s' if c != 1 else ''}"] = {
             "clients": c, "requests_per_s": rate, "p50_ms": 1e3 * percentile(lats[c], 50),
             "p99_ms": 1e3 * percentile(lats[c], 99), "ratio_to_offline": rate / off_rate,
+            "ratio_to_one_request": rate / one_rate,
             "mfu": flops / median(walls[c]) / 1e9 / peak}
     short = {"text": SHORT, "offline_median_ms": 1e3 * median(single_off),
              "serve_p50_ms": 1e3 * percentile(single_srv, 50),
@@ -240,6 +267,10 @@ def main() -> None:
         p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
         print(f"{label:<20} {r['requests_per_s']:>7.1f} {p50:>8} {p99:>8} "
               f"{r['ratio_to_offline']:>9.2f}x {100 * r['mfu']:>5.1f}%")
+    top = rows[f"serve, {max(levels)} client{'s' if max(levels) != 1 else ''}"]
+    print(f"{max(levels)} clients vs all texts in one request to the same server: "
+          f"{top['ratio_to_one_request']:.2f}x (the per-request HTTP cost, free of the "
+          "offline run's process)")
     print(f"one short input ({len(tok(SHORT)['input_ids'])} tokens): serve p50 "
           f"{short['serve_p50_ms']:.1f} ms vs offline {short['offline_median_ms']:.1f} ms "
           f"({short['ratio']:.2f}x)")

@@ -116,6 +116,15 @@ def table() -> str:
                         f"p99 {r['p99_ms']:.0f} ms | offline {off['requests_per_s']:.1f} texts/s "
                         f"| **{r['ratio_to_offline']:.2f}×** | {target} | | "
                         f"{_pct(r['mfu'])} / {_pct(off['mfu'])} |")
+        one = res.get("serve, one request")
+        if one:
+            top = max((r for r in res.values() if r.get("clients")), key=lambda r: r["clients"])
+            rows.append(f"| bench_serve, all {d['texts']} texts in one request ({top['clients']} "
+                        f"clients reach {top['ratio_to_one_request']:.2f}× of it) | "
+                        f"{one['requests_per_s']:.1f} texts/s | offline "
+                        f"{off['requests_per_s']:.1f} texts/s | "
+                        f"**{one['ratio_to_offline']:.2f}×** | | | "
+                        f"{_pct(one['mfu'])} / {_pct(off['mfu'])} |")
         s = d["short_input"]
         rows.append(f"| bench_serve, one short input, 1 client | p50 {s['serve_p50_ms']:.1f} ms "
                     f"| offline {s['offline_median_ms']:.1f} ms | **{s['ratio']:.2f}×** "
