@@ -64,8 +64,9 @@ class Server:
                "--host", "127.0.0.1", "--port", str(self.port)]
         if not access_log:
             cmd.append("--disable-uvicorn-access-log")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        # The server runs with this environment as a user's would (tokenizer parallelism
+        # on unless the caller turned it off: at 32 clients it made no difference, 0.996x).
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_healthy(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
