@@ -47,6 +47,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def level_label(clients: int) -> str:
+    return f"serve, {clients} client{'s' if clients != 1 else ''}"
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]  # nearest rank
@@ -249,7 +253,7 @@ def main() -> None:
         "mfu": flops / median(walls["one_request"]) / 1e9 / peak}
     for c in levels:
         rate = len(texts) / median(walls[c])
-        rows[f"serve, {c} client{'s' if c != 1 else ''}"] = {
+        rows[level_label(c)] = {
             "clients": c, "requests_per_s": rate, "p50_ms": 1e3 * percentile(lats[c], 50),
             "p99_ms": 1e3 * percentile(lats[c], 99), "ratio_to_offline": rate / off_rate,
             "ratio_to_one_request": rate / one_rate,
@@ -268,7 +272,7 @@ def main() -> None:
         p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
         print(f"{label:<20} {r['requests_per_s']:>7.1f} {p50:>8} {p99:>8} "
               f"{r['ratio_to_offline']:>9.2f}x {100 * r['mfu']:>5.1f}%")
-    top = rows[f"serve, {max(levels)} client{'s' if max(levels) != 1 else ''}"]
+    top = rows[level_label(max(levels))]
     print(f"{max(levels)} clients vs all texts in one request to the same server: "
           f"{top['ratio_to_one_request']:.2f}x (the per-request HTTP cost, free of the "
           "offline run's process)")

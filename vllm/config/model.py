@@ -26,6 +26,14 @@ _CONVERT_TASKS = {"embed": ("encode", "embed"), "classify": ("encode", "classify
                   "reward": ("encode", "reward")}
 
 
+
+def resolve_device(device: str) -> str:
+    """`auto` is CUDA when available, else CPU; any other name is kept."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 @dataclass
 class ModelConfig:
     """User-facing model settings plus everything resolved from the checkpoint at start-up."""
@@ -119,9 +127,7 @@ class ModelConfig:
 
     # ----- dtype / device / lengths -----------------------------------------------------
     def _resolve_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
+        return resolve_device(self.device)
 
     def _resolve_dtype(self) -> torch.dtype:
         dtype = self.dtype

@@ -30,8 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
-import torch
-
+from vllm.config.model import resolve_device
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
 from vllm.worker.cpu_env import tune_malloc
@@ -101,8 +100,7 @@ class AsyncLLM:
         """Build the engine on the engine thread and serve it. On CPU, glibc is tuned first:
         the engine thread must share the main heap from its first allocation."""
         from vllm.engine.llm_engine import LLMEngine
-        device = engine_args.device
-        if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        if resolve_device(engine_args.device) == "cpu":
             tune_malloc()
         return cls(build=lambda: LLMEngine.from_engine_args(engine_args))
 
