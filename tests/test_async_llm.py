@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 import types
 
 import httpx
 import pytest
 import torch
 
-from vllm.engine.async_llm import AsyncLLM, EngineDeadError
+from vllm.engine.async_llm import AsyncLLM, ArrivalWindow, EngineDeadError
 from vllm.outputs import PoolingOutput, PoolingRequestOutput
 
 
@@ -125,6 +126,57 @@ def test_requests_arriving_during_a_step_share_the_next_one(fake):
     assert [o.request_id for o in outputs] == ["a"] + [f"b{i}" for i in range(5)]
     assert engine.batches == [["a"], [f"b{i}" for i in range(5)]]
     assert llm.stats.num_steps == 2
+
+
+async def _closed_loop(engine: FakeEngine, llm: AsyncLLM, delays: list) -> dict[str, float]:
+    """Hold a step, queue one request per client behind it, release; client i then sends
+    its next request `delays[i]` seconds after its first one returned (None: never).
+    Returns each second request's seconds from submission to answer."""
+    first = await _hold_a_step(engine, llm, "a")
+    waited: dict[str, float] = {}
+
+    async def client(i: int, delay) -> None:
+        await llm.encode("p", None, f"b{i}")
+        if delay is not None:
+            await asyncio.sleep(delay)
+            start = time.perf_counter()
+            await llm.encode("p", None, f"c{i}")
+            waited[f"c{i}"] = time.perf_counter() - start
+    clients = [asyncio.ensure_future(client(i, d)) for i, d in enumerate(delays)]
+    await asyncio.sleep(0.05)
+    engine.gate.set()
+    await asyncio.gather(first, *clients)
+    return waited
+
+
+@pytest.mark.parametrize("window", [ArrivalWindow(gap=0.5, cap=5.0), None])
+def test_a_drained_engine_waits_for_as_many_requests_as_it_finished(window):
+    """Three clients answered by one step come back 0, 40 and 80 ms later: with the
+    window they share the next step; without it the first starts a step alone."""
+    engine = FakeEngine()
+    llm = AsyncLLM(engine, arrival_window=window)
+    try:
+        asyncio.run(_closed_loop(engine, llm, [0.0, 0.04, 0.08]))
+    finally:
+        llm.shutdown()
+    assert engine.batches[:2] == [["a"], ["b0", "b1", "b2"]]
+    if window is not None:
+        assert engine.batches[2:] == [["c0", "c1", "c2"]]
+    else:
+        assert engine.batches[2] == ["c0"] and len(engine.batches) > 3
+
+
+def test_the_window_closes_a_gap_after_the_last_arrival():
+    """Of three clients only one comes back: its step starts one gap after it arrived,
+    not at the cap."""
+    engine = FakeEngine()
+    llm = AsyncLLM(engine, arrival_window=ArrivalWindow(gap=0.2, cap=30.0))
+    try:
+        waited = asyncio.run(_closed_loop(engine, llm, [0.0, None, None]))
+    finally:
+        llm.shutdown()
+    assert engine.batches == [["a"], ["b0", "b1", "b2"], ["c0"]]
+    assert 0.2 <= waited["c0"] < 5.0
 
 
 def test_cancel_aborts_the_engine_request():

@@ -20,6 +20,14 @@ preempts one (+6% requests/s at 32 clients here, A/B). Token-id prompts, pairs a
 the tokenizer of its own: a Hugging Face fast tokenizer keeps its truncation settings on
 the tokenizer object, so two threads sharing one silently truncated each other's texts
 (or not) when their settings differed.
+
+When a step leaves the engine empty, the loop does not start the next step with the first
+request that comes back: it waits (`ArrivalWindow`) until as many requests have arrived as
+the step finished, or no new one has arrived for a few ms. Clients answered by a step send
+their next requests together, and the server answers them between steps on both cores
+instead of preempting the step's OpenMP threads (a preempted thread stalls its partner at
+the next barrier, so HTTP work cost the step twice). Steps grow from ~15 to ~31 requests at
+32 clients, and a single client (one finished, one back) never waits.
 """
 from __future__ import annotations
 
@@ -43,6 +51,14 @@ _T = TypeVar("_T")
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
+@dataclass(frozen=True)
+class ArrivalWindow:
+    """How long a drained engine waits for the next step's requests (seconds)."""
+
+    gap: float = 0.003  # start once no request has arrived for this long
+    cap: float = 0.030  # and never wait longer than this after the step
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (shut down or crashed); no request can be served."""
 
@@ -61,11 +77,14 @@ class AsyncLLM:
     """Runs an `LLMEngine` on a background thread and serves it to asyncio callers."""
 
     def __init__(self, engine: Any = None, *, start: bool = True,
-                 build: Optional[Callable[[], Any]] = None) -> None:
+                 build: Optional[Callable[[], Any]] = None,
+                 arrival_window: Optional[ArrivalWindow] = ArrivalWindow()) -> None:
         """Serve `engine`, or the engine `build()` returns: `build` runs on the engine
-        thread (which then starts at once) and its exception is raised here."""
+        thread (which then starts at once) and its exception is raised here.
+        `arrival_window=None` starts every step at once."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
+        self._window = arrival_window
         self._cv = threading.Condition()
         self._pending: dict[str, _Pending] = {}
         self._inbox: list[str] = []
@@ -230,8 +249,9 @@ class AsyncLLM:
                     for _, pending in new:
                         pending.added = True
                 self._admit(aborts, new)
+                finished = 0
                 try:
-                    self._step()
+                    finished = self._step()
                     failures = 0
                 except Exception as exc:
                     failures += 1
@@ -239,6 +259,8 @@ class AsyncLLM:
                         raise
                     self._fail_in_flight(exc)
                 busy = self.engine.has_unfinished_requests()
+                if finished and not busy and self._window is not None:
+                    self._await_arrivals(finished)
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")
             self._error = exc
@@ -267,10 +289,27 @@ class AsyncLLM:
                     self._pending.pop(rid, None)
                 _resolve(pending, error=exc)
 
-    def _step(self) -> None:
+    def _await_arrivals(self, expected: int) -> None:
+        """The engine is empty after a step that finished `expected` requests: wait until
+        as many have arrived, or none for `gap` since the last, or `cap` in all (an abort
+        or shutdown ends the wait)."""
+        window = self._window
+        deadline = time.perf_counter() + window.cap
+        with self._cv:
+            while len(self._inbox) < expected and not (self._stopping or self._aborts):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return
+                arrived = len(self._inbox)
+                self._cv.wait(min(left, window.gap) if arrived else left)
+                if arrived and len(self._inbox) == arrived:
+                    return
+
+    def _step(self) -> int:
+        """Run one engine step and resolve the requests it finished; returns how many."""
         engine = self.engine
         if not engine.has_unfinished_requests():
-            return
+            return 0
         steps = engine.stats.num_steps
         outputs = engine.step()
         with self._cv:
@@ -279,6 +318,7 @@ class AsyncLLM:
         if not outputs and engine.stats.num_steps == steps:
             with self._cv:  # nothing could be scheduled: do not spin
                 self._cv.wait(0.005)
+        return len(outputs)
 
     def _fail_in_flight(self, error: Exception) -> None:
         """A step raised: fail (and abort) the requests inside the engine, keep serving."""
