@@ -425,3 +425,37 @@ def test_http_client_disconnect_aborts_its_request(inputs):
     finally:
         server.close()
         llm.shutdown()
+
+
+def test_a_quick_answer_never_listens_for_a_disconnect(monkeypatch):
+    """The disconnect listener (a task per request) starts only for requests still running
+    after DISCONNECT_WATCH_DELAY_S; an answer sent before that never creates one."""
+    from test_server import Server
+    from vllm.entrypoints.openai import serving_engine
+    started = []
+    monkeypatch.setattr(serving_engine, "DISCONNECT_WATCH_DELAY_S", 0.1)
+    monkeypatch.setattr(serving_engine._DisconnectWatcher, "_listen",
+                        lambda self: started.append(self) or asyncio.sleep(0))
+    engine = FakeEngine()
+    engine.vllm_config.model_config.pooler_config = types.SimpleNamespace(normalize=True)
+    llm = AsyncLLM(engine)
+    server = Server(llm, served_model_name=["fake"])
+    try:
+        r = httpx.post(f"{server.url}/v1/embeddings", json={"input": "a"}, timeout=5)
+        assert r.status_code == 200
+        time.sleep(0.3)
+        assert started == []
+        engine.gate.clear()  # now a request outlives the delay: its listener starts
+        slow = threading.Thread(target=lambda: httpx.post(
+            f"{server.url}/v1/embeddings", json={"input": "b"}, timeout=5))
+        slow.start()
+        for _ in range(100):
+            if started:
+                break
+            time.sleep(0.01)
+        assert len(started) == 1
+        engine.gate.set()
+        slow.join()
+    finally:
+        server.close()
+        llm.shutdown()
