@@ -308,7 +308,7 @@ def test_async_llm_tunes_malloc_first_and_tokenizes_on_its_own_tokenizer(minilm_
     import vllm.engine.async_llm as async_llm
     from vllm.engine.arg_utils import EngineArgs
     callers: list[str] = []
-    monkeypatch.setattr(async_llm, "tune_malloc",
+    monkeypatch.setattr(async_llm, "share_heap_across_threads",
                         lambda: callers.append(threading.current_thread().name))
     llm = AsyncLLM.from_engine_args(EngineArgs(model=str(minilm_dir), device="cpu"))
     try:

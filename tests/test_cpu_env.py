@@ -18,9 +18,20 @@ pytestmark = pytest.mark.skipif(
 # 80 MiB is larger than a glibc thread arena's 64 MiB heap: without a shared heap such a
 # buffer is mmap'd and unmapped on every allocation, i.e. 20k pages faulted in each time.
 SCRIPT = """
-import threading, torch
-from vllm.worker.cpu_env import tune_malloc
-print("tuned", tune_malloc())
+import ctypes, os, sys, tempfile, threading, torch
+from vllm.worker import cpu_env
+tuned = cpu_env.share_heap_across_threads() if sys.argv[1] == "share" else cpu_env.tune_malloc()
+print("tuned", tuned)
+print("parallel_tokenizer", os.environ.get("TOKENIZERS_PARALLELISM", "unset"))
+libc = ctypes.CDLL("libc.so.6")
+libc.fdopen.restype = ctypes.c_void_p
+def arenas():  # malloc_info writes one <heap nr=...> per arena
+    with tempfile.TemporaryFile() as f:
+        stream = libc.fdopen(os.dup(f.fileno()), b"w")
+        libc.malloc_info(0, ctypes.c_void_p(stream))
+        libc.fclose(ctypes.c_void_p(stream))
+        f.seek(0)
+        return f.read().count(b"<heap nr=")
 def faults():
     return int(open("/proc/thread-self/stat").read().rsplit(")", 1)[1].split()[7])
 def work():
@@ -31,28 +42,44 @@ def work():
     for _ in range(10):
         torch.empty(80 << 20, dtype=torch.uint8).fill_(1)
     print("faults_per_alloc", (faults() - start) / 10)
+    print("arenas", arenas())
 thread = threading.Thread(target=work)
 thread.start()
 thread.join()
 """
 
 
-def _faults_per_alloc(tuning: str) -> tuple[bool, float]:
+def _on_a_thread(mode: str, tuning: str = "1") -> dict[str, str]:
     env = {**os.environ, "VLLM_CPU_MALLOC_TUNING": tuning}
-    env.pop("MALLOC_ARENA_MAX", None)
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+    for name in ("MALLOC_ARENA_MAX", "TOKENIZERS_PARALLELISM"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
-    found = dict(line.split(" ", 1) for line in out.splitlines()
-                 if line.startswith(("tuned ", "faults_per_alloc ")))
-    return found["tuned"] == "True", float(found["faults_per_alloc"])
+    return dict(line.split(" ", 1) for line in out.splitlines()
+                if line.startswith(("tuned ", "faults_per_alloc ", "arenas ",
+                                    "parallel_tokenizer ")))
 
 
-def test_engine_thread_buffers_reuse_the_heap():
+def test_engine_thread_buffers_reuse_the_shared_heap():
+    """The server's engine thread: one heap for all threads, so big buffers are reused;
+    the tokenizer's thread pool (which would queue on that heap's lock) is off."""
     pages = (80 << 20) // 4096
-    tuned, faults = _faults_per_alloc("1")
-    assert tuned and faults < pages / 4, faults
-    untuned, faults_off = _faults_per_alloc("0")
-    assert not untuned and faults_off > pages / 2, faults_off  # what the tuning avoids
+    shared = _on_a_thread("share")
+    assert shared["tuned"] == "True" and shared["arenas"] == "1"
+    assert float(shared["faults_per_alloc"]) < pages / 4, shared
+    assert shared["parallel_tokenizer"] == "false"
+    off = _on_a_thread("share", tuning="0")
+    assert off["tuned"] == "False" and off["arenas"] == "2"
+    assert float(off["faults_per_alloc"]) > pages / 2, off  # what sharing avoids
+    assert off["parallel_tokenizer"] == "unset"
+
+
+def test_offline_tuning_keeps_a_heap_per_thread():
+    """Offline (engine on the caller's thread) only the thresholds change: other threads
+    keep heaps of their own, and tokenizers keeps its thread pool."""
+    tuned = _on_a_thread("tune")
+    assert tuned["tuned"] == "True" and tuned["arenas"] == "2"
+    assert tuned["parallel_tokenizer"] == "unset"
 
 
 # How long torch's idle OpenMP worker keeps spinning after a parallel region: the CPU time

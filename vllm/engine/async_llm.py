@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 from vllm.config.model import resolve_device
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
-from vllm.worker.cpu_env import tune_malloc
+from vllm.worker.cpu_env import share_heap_across_threads
 
 logger = init_logger(__name__)
 
@@ -120,7 +120,7 @@ class AsyncLLM:
         the engine thread must share the main heap from its first allocation."""
         from vllm.engine.llm_engine import LLMEngine
         if resolve_device(engine_args.device) == "cpu":
-            tune_malloc()
+            share_heap_across_threads()
         return cls(build=lambda: LLMEngine.from_engine_args(engine_args))
 
     # ----- health -------------------------------------------------------------------
