@@ -553,34 +553,44 @@ def test_cli_without_model_or_package_names_the_package(monkeypatch):
         engine_args_from_namespace(make_parser().parse_args(["serve"]))
 
 
+def _start_cli(argv: list[str], env: dict) -> tuple[subprocess.Popen, str, list[str]]:
+    """Start a server command; return it, its URL once it listens and is healthy, and the
+    log lines read so far."""
+    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    log: list[str] = []
+    url = None
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        log.append(line)
+        match = re.search(r"Listening on (http://127\.0\.0\.1:\d+)", line)
+        url = match.group(1) if match else None
+    if url is None:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("".join(log))
+    with httpx.Client(base_url=url, timeout=30) as http:
+        deadline = time.monotonic() + 30
+        while http.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    return proc, url, log
+
+
 def test_cli_serve_and_sigterm_shutdown():
     """`vllm serve` (no MODEL: the bundled MiniLM) in a subprocess: it logs its address,
     serves, and exits 0 on SIGTERM."""
     env = {**os.environ, "VLLM_API_KEY": "from-env", "PYTHONUNBUFFERED": "1"}
     env.pop("GOMP_SPINCOUNT", None)
     env.pop("OMP_WAIT_POLICY", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
-         "--port", "0", "--served-model-name", "mini", "--enforce-eager",
-         "--disable-uvicorn-access-log"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    log: list[str] = []
+    proc, url, log = _start_cli(
+        ["vllm.entrypoints.cli.main", "serve", "--port", "0", "--served-model-name", "mini",
+         "--enforce-eager", "--disable-uvicorn-access-log"], env)
     try:
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            log.append(line)
-            match = re.search(r"Listening on (http://127\.0\.0\.1:\d+)", line)
-            url = match.group(1) if match else None
-        assert url, "".join(log)
         with httpx.Client(base_url=url, timeout=30) as http:
-            deadline = time.monotonic() + 30
-            while http.get("/health").status_code != 200:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
             assert http.post("/v1/embeddings", json={"input": "a"}).status_code == 401
             r = http.post("/v1/embeddings", json={"input": "a"},
                           headers={"Authorization": "Bearer from-env"})
@@ -598,3 +608,22 @@ def test_cli_serve_and_sigterm_shutdown():
     assert "OpenMP: idle threads spin 10000 iterations" in text
     assert re.search(r"Garbage collector: [1-9]\d* start-up objects frozen", text), text
     assert "No MODEL given" in text and "PoolerConfig(pooling_type='MEAN'" in text and "Server stopped" in text
+
+
+def test_upstream_module_entry_point_serves():
+    """`python -m vllm.entrypoints.openai.api_server --model M` (upstream's older way to
+    start the server) takes `vllm serve`'s flags and serves."""
+    proc, url, _ = _start_cli(
+        ["vllm.entrypoints.openai.api_server", "--model", str(mf.MINILM_DIR), "--port", "0",
+         "--disable-uvicorn-access-log"], {**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            r = http.post("/v1/embeddings", json={"input": "a"})
+            assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

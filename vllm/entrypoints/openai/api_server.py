@@ -267,3 +267,12 @@ def run_server(args: Any) -> None:
     finally:
         async_llm.shutdown()
         logger.info("Server stopped.")
+
+
+if __name__ == "__main__":
+    # Upstream's older entry point: `python -m vllm.entrypoints.openai.api_server --model M`
+    # takes the same flags as `vllm serve`.
+    import sys
+
+    from vllm.entrypoints.cli.main import main
+    sys.exit(main(["serve", *sys.argv[1:]]))
