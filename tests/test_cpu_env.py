@@ -129,3 +129,19 @@ def test_served_openmp_workers_stop_spinning_soon():
     kept, _, default = _idle_spin_ms(GOMP_SPINCOUNT="300000")
     assert limited and not kept
     assert short < 2.0 and default > 3 * short, (short, default)
+
+
+def test_import_vllm_loads_torch_only_when_a_public_name_is_used():
+    """`vllm serve` must set OpenMP's environment before torch loads, so `import vllm`
+    (which `python -m vllm...` runs first) imports no torch; the names still resolve."""
+    script = """
+import sys, vllm
+print("torch_after_import", "torch" in sys.modules)
+from vllm import LLM, PoolingParams
+print("names", LLM.__name__, PoolingParams.__name__, vllm.config.ModelConfig.__name__)
+print("unknown", hasattr(vllm, "no_such_name"))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert "torch_after_import False" in out
+    assert "names LLM PoolingParams ModelConfig" in out and "unknown False" in out

@@ -32,10 +32,17 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    """A public name (imported now), or a subpackage such as `vllm.config`."""
     module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vllm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    else:
+        try:
+            value = importlib.import_module(f"vllm.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"vllm.{name}":
+                raise
+            raise AttributeError(f"module 'vllm' has no attribute {name!r}") from None
     globals()[name] = value
     return value
 
