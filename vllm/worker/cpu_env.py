@@ -80,9 +80,10 @@ def share_heap_across_threads() -> bool:
     one heap for every thread, and tokenizers' thread pool off unless
     TOKENIZERS_PARALLELISM is set. Call it before that thread starts."""
     global _shared
-    if _shared or not tune_malloc():
+    mallopt = _mallopt()
+    if _shared or mallopt is None or not tune_malloc():
         return _shared
-    _shared = _mallopt()(_M_ARENA_MAX, 1) == 1  # type: ignore[misc]
+    _shared = mallopt(_M_ARENA_MAX, 1) == 1
     if _shared:
         logger.info("CPU allocator: one heap for all threads, so the engine thread's large "
                     "buffers stay in it.")
