@@ -145,3 +145,31 @@ print("unknown", hasattr(vllm, "no_such_name"))
                          timeout=120, check=True).stdout
     assert "torch_after_import False" in out
     assert "names LLM PoolingParams ModelConfig" in out and "unknown False" in out
+
+
+HUGE_PAGE_SCRIPT = """
+import os, sys
+if sys.argv[1] == "torch-first":
+    import torch, vllm
+else:
+    import vllm, torch
+from vllm.worker.cpu_env import huge_page_buffers
+print(os.environ.get("THP_MEM_ALLOC_ENABLE"), huge_page_buffers())
+"""
+
+
+@pytest.mark.parametrize("order, env, expected", [
+    ("vllm-first", None, "1 True"),     # set by `import vllm`, before torch's first allocation
+    ("torch-first", None, "None False"),  # too late for this process: left unset
+    ("vllm-first", "0", "0 False"),     # the user's choice is kept
+])
+def test_import_vllm_turns_on_huge_page_buffers_before_torch_loads(order, env, expected):
+    """torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation; with it, buffers of
+    2 MiB and more are page-aligned (and advised onto transparent huge pages), which is
+    what `huge_page_buffers` (logged at start-up) checks."""
+    child = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if env is not None:
+        child["THP_MEM_ALLOC_ENABLE"] = env
+    out = subprocess.run([sys.executable, "-c", HUGE_PAGE_SCRIPT, order], env=child,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip().splitlines()[-1] == expected

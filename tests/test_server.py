@@ -584,8 +584,8 @@ def test_cli_serve_and_sigterm_shutdown():
     """`vllm serve` (no MODEL: the bundled MiniLM) in a subprocess: it logs its address,
     serves, and exits 0 on SIGTERM."""
     env = {**os.environ, "VLLM_API_KEY": "from-env", "PYTHONUNBUFFERED": "1"}
-    env.pop("GOMP_SPINCOUNT", None)
-    env.pop("OMP_WAIT_POLICY", None)
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE"):
+        env.pop(name, None)
     proc, url, log = _start_cli(
         ["vllm.entrypoints.cli.main", "serve", "--port", "0", "--served-model-name", "mini",
          "--enforce-eager", "--disable-uvicorn-access-log"], env)
@@ -606,6 +606,7 @@ def test_cli_serve_and_sigterm_shutdown():
     text = "".join(log)
     assert "Ignoring enforce_eager" in text and "Supported tasks" in text
     assert "OpenMP: idle threads spin 10000 iterations" in text
+    assert "CPU allocator: buffers of 2 MiB and more page-aligned on transparent" in text
     assert re.search(r"Garbage collector: [1-9]\d* start-up objects frozen", text), text
     assert "No MODEL given" in text and "PoolerConfig(pooling_type='MEAN'" in text and "Server stopped" in text
 

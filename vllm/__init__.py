@@ -1,13 +1,15 @@
 """A vLLM-compatible inference engine for pooling models.
 
 The public names are imported on first use, so `import vllm` alone loads neither torch nor
-transformers: the `vllm` command sets process-wide environment (OpenMP) before torch loads.
+transformers: process-wide environment that torch reads once (`vllm.env_override`: huge-page
+buffers; the `vllm` command: OpenMP) is set before torch loads.
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from vllm import env_override  # noqa: F401  (first: before anything loads torch)
 from vllm.version import __version__
 
 _EXPORTS = {
