@@ -180,3 +180,27 @@ def test_classifier_checkpoint_served_as_embed(request, fixture, row):
     got = torch.tensor(llm.embed(text, use_tqdm=False)[0].outputs.embedding)
     want = torch.nn.functional.normalize(mf.hf_hidden_states(path, ids)[row], dim=0)
     assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.9999
+
+
+def test_st_do_lower_case_lowers_the_text_as_sentence_transformers_does(
+        shared_llm, qwen3_st_dir, tmp_path):
+    """sentence_bert_config.json `do_lower_case: true` on a cased tokenizer: the text is
+    lower-cased before tokenizing (sentence-transformers does it in Python; a fast
+    tokenizer ignores a do_lower_case attribute)."""
+    lowered = mf.copy_checkpoint(qwen3_st_dir, tmp_path / "lower")
+    cfg_path = lowered / "sentence_bert_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "do_lower_case": True}))
+    llm = shared_llm(lowered)
+    sentences = [SENTENCES[0], SENTENCES[2], SENTENCES[3]]  # under its max_seq_length, 128
+    got = torch.tensor([o.outputs.embedding for o in llm.embed(sentences, use_tqdm=False)])
+    ref = mf.st_encode(lowered, sentences)
+    assert mf.max_abs_diff(got, ref) <= 1e-4
+    cased = shared_llm(qwen3_st_dir).embed(SENTENCES[:1], use_tqdm=False)[0].outputs.embedding
+    assert mf.cosine(got[0], cased) < 0.999  # "Hello world" really was tokenized otherwise
+    tok = mf.hf_tokenizer(qwen3_st_dir)
+    processor = llm.llm_engine.processor
+    assert processor.tokenize_prompt("Hello World").prompt_token_ids == \
+        tok("hello world")["input_ids"] != tok("Hello World")["input_ids"]
+    assert processor.tokenize_pair("Hello", "World").prompt_token_ids == \
+        tok("hello", "world")["input_ids"]

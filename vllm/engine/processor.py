@@ -28,11 +28,7 @@ class TextPrompt:
 
 
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
-    tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
-    if mc.st_config is not None and mc.st_config.do_lower_case and \
-            not getattr(tok, "do_lower_case", False):
-        tok.do_lower_case = True
-    return tok
+    return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
 
 
 class InputProcessor:
@@ -40,6 +36,13 @@ class InputProcessor:
         self.mc = model_config
         self.tokenizer = tokenizer
         self.vocab_size = max(len(tokenizer), getattr(model_config.hf_config, "vocab_size", 0))
+        # sentence_bert_config.json's do_lower_case: sentence-transformers (and upstream
+        # vLLM) lower-case the text itself before tokenizing; a fast tokenizer ignores a
+        # do_lower_case attribute set after loading.
+        self.lower_case = bool(model_config.st_config and model_config.st_config.do_lower_case)
+
+    def _text(self, text: str) -> str:
+        return text.lower() if self.lower_case else text
 
     def clone(self) -> "InputProcessor":
         """An equal processor with a tokenizer of its own, for use on another thread: a
@@ -77,7 +80,8 @@ class InputProcessor:
             else:
                 raise ValueError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key.")
         if isinstance(prompt, str):
-            enc = self.tokenizer(prompt, add_special_tokens=add_special_tokens, **trunc)
+            enc = self.tokenizer(self._text(prompt), add_special_tokens=add_special_tokens,
+                                 **trunc)
             out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
@@ -99,7 +103,7 @@ class InputProcessor:
         out: list[Optional[TokenizedPrompt]] = [None] * len(prompts)
         if len(texts) > 1:
             trunc = self._truncation(truncate_prompt_tokens)
-            enc = self.tokenizer([prompts[i] for i in texts], **trunc)
+            enc = self.tokenizer([self._text(prompts[i]) for i in texts], **trunc)
             types = enc.get("token_type_ids") if self.mc.uses_token_type_ids else None
             for j, i in enumerate(texts):
                 out[i] = TokenizedPrompt(list(enc["input_ids"][j]),
@@ -138,6 +142,7 @@ class InputProcessor:
                       truncate_prompt_tokens: Optional[int] = None) -> TokenizedPrompt:
         """A cross-encoder pair in the tokenizer's own pair form."""
         trunc = self._truncation(truncate_prompt_tokens)
+        text_1, text_2 = self._text(text_1), self._text(text_2)
         if trunc:
             trunc["truncation"] = "only_second" if len(self.tokenizer(text_1)["input_ids"]) \
                 < trunc["max_length"] else True
