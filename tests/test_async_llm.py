@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from vllm.config.pooler import PoolerConfig
 from vllm.engine.async_llm import AsyncLLM, ArrivalWindow, EngineDeadError
 from vllm.outputs import PoolingOutput, PoolingRequestOutput
 
@@ -409,7 +410,7 @@ def test_tokenization_runs_off_the_event_loop(fake):
 def test_http_client_disconnect_aborts_its_request(inputs):
     from test_server import Server
     engine = FakeEngine(steps_per_request=10 ** 9)
-    engine.vllm_config.model_config.pooler_config = types.SimpleNamespace(normalize=True)
+    engine.vllm_config.model_config.pooler_config = PoolerConfig(normalize=True)
     llm = AsyncLLM(engine)
     server = Server(llm, served_model_name=["fake"])
     try:
@@ -437,7 +438,7 @@ def test_a_quick_answer_never_listens_for_a_disconnect(monkeypatch):
     monkeypatch.setattr(serving_engine._DisconnectWatcher, "_listen",
                         lambda self: started.append(self) or asyncio.sleep(0))
     engine = FakeEngine()
-    engine.vllm_config.model_config.pooler_config = types.SimpleNamespace(normalize=True)
+    engine.vllm_config.model_config.pooler_config = PoolerConfig(normalize=True)
     llm = AsyncLLM(engine)
     server = Server(llm, served_model_name=["fake"])
     try:

@@ -103,6 +103,11 @@ def test_dimensions_on_non_matryoshka_model(qwen3_llm, qwen3_embed_dir):
     _assert_embed_works(qwen3_llm, qwen3_embed_dir, "LAST")
 
 
+def test_pooler_dimensions_on_non_matryoshka_model_is_refused_at_load(qwen3_embed_dir):
+    with pytest.raises(ValueError, match="matryoshka"):
+        LLM(model=qwen3_embed_dir, pooler_config={"dimensions": 16})
+
+
 def test_dimensions_not_in_matryoshka_list(qwen3_embed_dir):
     llm = LLM(model=qwen3_embed_dir, hf_overrides={"matryoshka_dimensions": [16, 32]})
     with pytest.raises(ValueError) as err:
@@ -160,6 +165,14 @@ def test_score_pair_shapes(shared_llm, qwen3_cls_dir):
     llm = shared_llm(qwen3_cls_dir)
     with pytest.raises(ValueError):
         llm.score(["q1", "q2"], ["d1", "d2", "d3"], use_tqdm=False)
+    # One {"prompt": ...} dict is one text (not its keys), on either side.
+    plain = llm.score("a query", ["doc one", "doc two"], use_tqdm=False)
+    dicts = llm.score({"prompt": "a query"}, [{"prompt": "doc one"}, "doc two"], use_tqdm=False)
+    assert [o.outputs.score for o in dicts] == pytest.approx([o.outputs.score for o in plain])
+    one = llm.score({"prompt": "a query"}, {"prompt": "doc two"}, use_tqdm=False)
+    assert one[0].outputs.score == pytest.approx(plain[1].outputs.score)
+    with pytest.raises(ValueError, match="text prompts"):
+        llm.score({"prompt_token_ids": [1, 2]}, "doc", use_tqdm=False)
     _assert_classify_works(llm, qwen3_cls_dir)
 
 

@@ -133,6 +133,16 @@ def test_matryoshka_dimensions(qwen3_embed_dir):
         assert len(out.outputs.embedding) == 16
         assert mf.cosine(out.outputs.embedding, ref) >= COS_MIN
         assert abs(float(torch.tensor(out.outputs.embedding).norm()) - 1.0) < 1e-4
+    # The pooler override's `dimensions` is the default width; a request may still ask.
+    narrow = LLM(model=qwen3_embed_dir, hf_overrides={"is_matryoshka": True},
+                 pooler_config={"dimensions": 16})
+    default = narrow.embed(prompts, use_tqdm=False)
+    torch.testing.assert_close(torch.tensor([o.outputs.embedding for o in default]),
+                               torch.tensor([o.outputs.embedding for o in outs]), atol=1e-5,
+                               rtol=0)
+    wide = narrow.embed(prompts[:1], pooling_params=PoolingParams(dimensions=32),
+                        use_tqdm=False)
+    assert len(wide[0].outputs.embedding) == 32
 
 
 # ------------------------------------------------------------------ sentence-transformers

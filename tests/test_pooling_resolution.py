@@ -81,6 +81,20 @@ def test_st_max_seq_length_caps_max_model_len(shared_llm, qwen3_st_dir, minilm_d
     assert _model_config(shared_llm(roberta_embed_dir)).max_model_len == 512
 
 
+def test_max_model_len_above_max_seq_length_needs_the_upstream_switch(minilm_dir, monkeypatch):
+    """MiniLM: 512 positions, sentence-transformers max_seq_length 256. Asking for more than
+    the derived 256 is an error, as upstream, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
+    from vllm.engine.arg_utils import EngineArgs
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(ValueError, match="derived max_model_len .256"):
+        EngineArgs(model=minilm_dir, max_model_len=300).create_engine_config()
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    cfg = EngineArgs(model=minilm_dir, max_model_len=300).create_engine_config()
+    assert cfg.model_config.max_model_len == 300
+    with pytest.raises(ValueError, match="position limit"):
+        EngineArgs(model=minilm_dir, max_model_len=600).create_engine_config()
+
+
 def test_st_without_normalize_returns_unnormalised_embeddings(shared_llm, bert_st_mean_dir):
     llm = shared_llm(bert_st_mean_dir)
     outs = llm.embed(SENTENCES, use_tqdm=False)

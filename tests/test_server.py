@@ -190,6 +190,11 @@ def test_embeddings_truncation_keeps_special_tokens(minilm):
     ref = _ok(minilm.post("/v1/embeddings", {"input": [[tok[0], tok[1], tok[-1]]]}))
     np.testing.assert_allclose(cut["data"][0]["embedding"], ref["data"][0]["embedding"],
                                atol=1e-6)  # [CLS] hello [SEP]
+    # Numbers and flags in JSON strings validate as upstream's pydantic fields do (lax).
+    lax = _ok(minilm.post("/v1/embeddings", {"input": "Hello world", "truncate_prompt_tokens":
+                                             "3", "normalize": "true"}))
+    np.testing.assert_allclose(lax["data"][0]["embedding"], cut["data"][0]["embedding"],
+                               atol=1e-6)
 
 
 def test_pooling_route(minilm):
@@ -248,6 +253,8 @@ def test_rerank_ordering_top_n_and_documents(minilm):
     assert [r["index"] for r in top2["results"]] == order[:2]
     every = _ok(minilm.post("/rerank", {"query": query, "documents": docs, "top_n": 10}))
     assert len(every["results"]) == 4
+    negative = _ok(minilm.post("/rerank", {"query": query, "documents": docs, "top_n": -1}))
+    assert [r["index"] for r in negative["results"]] == order  # as 0: all, as upstream
     bare = _ok(minilm.post("/rerank", {"query": query, "documents": docs,
                                        "return_documents": False}))
     assert all("document" not in r for r in bare["results"])
@@ -323,6 +330,7 @@ def test_models_health_version(minilm, minilm_dir):
     assert card["root"] == minilm_dir and card["max_model_len"] == 256
     perm = card["permission"][0]
     assert perm["object"] == "model_permission" and perm["organization"] == "*"
+    assert re.fullmatch(r"modelperm-[0-9a-f]{32}", perm["id"])  # a random id, as upstream
     assert set(perm) >= {"allow_create_engine", "allow_sampling", "allow_logprobs",
                          "allow_search_indices", "allow_view", "allow_fine_tuning", "group",
                          "is_blocking", "created", "id"}
@@ -373,8 +381,10 @@ BAD_INPUTS = [
      {"input": "a", "truncate_prompt_tokens": 100000}, 400, "input"),
     ("truncate zero", "/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 0}, 400,
      "truncate_prompt_tokens"),
-    ("truncate as string", "/v1/embeddings", {"input": "a", "truncate_prompt_tokens": "5"}, 400,
-     "truncate_prompt_tokens"),
+    ("truncate not a number", "/v1/embeddings", {"input": "a", "truncate_prompt_tokens": "five"},
+     400, "truncate_prompt_tokens"),
+    ("normalize not a flag", "/v1/embeddings", {"input": "a", "normalize": "maybe"}, 400,
+     "normalize"),
     ("unknown model", "/v1/embeddings", {"input": "a", "model": "gpt-4"}, 404, "model"),
     ("route the model cannot serve", "/classify", {"input": "a"}, 404, None),
     ("pooling with dimensions", "/pooling", {"input": "a", "dimensions": 4}, 400, "dimensions"),
@@ -385,7 +395,8 @@ BAD_INPUTS = [
     ("activation on cosine scores", "/score", {"text_1": "a", "text_2": "b",
                                                 "activation": True}, 400, "activation"),
     ("empty documents", "/rerank", {"query": "a", "documents": []}, 400, "documents"),
-    ("negative top_n", "/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, 400, "top_n"),
+    ("top_n not a number", "/rerank", {"query": "a", "documents": ["b"], "top_n": "all"}, 400,
+     "top_n"),
     ("missing query", "/v1/rerank", {"documents": ["b"]}, 400, "query"),
     ("tokenize prompt wrong type", "/tokenize", {"prompt": ["a"]}, 400, "prompt"),
     ("detokenize out of vocab", "/detokenize", {"tokens": [1, -5]}, 400, "tokens"),
@@ -543,6 +554,15 @@ def test_cli_version_help_and_flags(capsys):
     bad = make_parser().parse_args(["serve", "m", "--tensor-parallel-size", "2"])
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         engine_args_from_namespace(bad)
+    # More of upstream's flags: no-ops accepted; proxy path and TLS handed to uvicorn.
+    from vllm.entrypoints.openai.api_server import build_app, make_server
+    args = make_parser().parse_args([
+        "serve", "m", "--disable-sliding-window", "--hf-token", "--max-log-len", "100",
+        "--root-path", "/api", "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem"])
+    engine_args_from_namespace(args)
+    config = make_server(build_app(None, args), args).config
+    assert (config.root_path, config.ssl_keyfile, config.ssl_certfile) == \
+        ("/api", "key.pem", "cert.pem")
 
 
 def test_cli_without_model_or_package_names_the_package(monkeypatch):

@@ -80,6 +80,8 @@ class PoolingParams:
         if task == "embed":
             if self.normalize is None:
                 self.normalize = pooler.normalize if pooler.normalize is not None else True
+            if self.dimensions is None:  # the override's default width, as upstream
+                self.dimensions = pooler.dimensions
             if self.dimensions is not None:
                 model_config.verify_dimensions(self.dimensions)
         elif task in ("classify", "score"):

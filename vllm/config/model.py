@@ -1,6 +1,7 @@
 """ModelConfig: what checkpoint we serve and how (architecture, convert, pooling, lengths)."""
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,8 @@ class ModelConfig:
         self.st_config = load_st_config(self.path)
         self._resolve_runner_and_convert()
         self.pooler_config = self._resolve_pooler_config()
+        if self.pooler_config.dimensions is not None:  # every embed request's default
+            self.verify_dimensions(self.pooler_config.dimensions)
         self.device = self._resolve_device()
         self.dtype = self._resolve_dtype()
         self.max_model_len = self._resolve_max_model_len()
@@ -170,6 +173,16 @@ class ModelConfig:
             raise ValueError(
                 f"max_model_len={self.max_model_len} is larger than the model's position limit "
                 f"({limit}); pass max_model_len <= {limit}.")
+        if self.max_model_len > derived:
+            if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("1", "true", "True"):
+                raise ValueError(
+                    f"User-specified max_model_len ({self.max_model_len}) is greater than the "
+                    f"derived max_model_len ({derived}: the smallest of the position limit, the "
+                    "sentence-transformers max_seq_length and the tokenizer's model_max_length)."
+                    f" Pass max_model_len <= {derived}, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+                    "to allow up to the position limit.")
+            logger.warning("max_model_len=%d is above the derived %d "
+                           "(VLLM_ALLOW_LONG_MAX_MODEL_LEN=1).", self.max_model_len, derived)
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be positive.")
         return int(self.max_model_len)

@@ -20,7 +20,7 @@ IGNORED_ARGS = (
     "async_scheduling", "disable_log_requests", "enable_log_requests", "allowed_local_media_path",
     "calculate_kv_scales", "override_generation_config", "generation_config",
     "guided_decoding_backend", "logits_processor_pattern", "model_impl", "scheduling_policy",
-    "max_num_partial_prefills", "cuda_graph_sizes",
+    "max_num_partial_prefills", "cuda_graph_sizes", "disable_sliding_window", "hf_token",
 )
 # Arguments that would change results or resources and that this engine cannot honour:
 # name -> the value that means "off".

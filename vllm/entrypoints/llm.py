@@ -148,17 +148,19 @@ def _as_list(prompts: Prompts) -> list[PromptType]:
     return prompts
 
 
-def _texts(data: Union[str, Sequence[str]]) -> Union[str, list[str]]:
-    if isinstance(data, str):
-        return data
-    out = []
-    for item in data:
-        if isinstance(item, dict) and "prompt" in item:
-            item = item["prompt"]
-        if not isinstance(item, str):
-            raise ValueError("score takes text prompts (str or {'prompt': str}).")
-        out.append(item)
-    return out
+def _texts(data: Union[str, dict, Sequence[Union[str, dict]]]) -> Union[str, list[str]]:
+    """score's side: one text (a str or {"prompt": str}) or a list of them."""
+    if isinstance(data, (str, dict)):
+        return _text(data)
+    return [_text(item) for item in data]
+
+
+def _text(item: Union[str, dict]) -> str:
+    if isinstance(item, dict) and "prompt" in item:
+        item = item["prompt"]
+    if not isinstance(item, str):
+        raise ValueError("score takes text prompts (str or {'prompt': str}).")
+    return item
 
 
 def _params_list(params: Params, n: int) -> list[Optional[PoolingParams]]:

@@ -231,7 +231,12 @@ def make_server(app: FastAPI, args: Any) -> uvicorn.Server:
     config = uvicorn.Config(
         app, log_level=getattr(args, "uvicorn_log_level", "info"),
         access_log=not getattr(args, "disable_uvicorn_access_log", False),
-        timeout_keep_alive=5, timeout_graceful_shutdown=30, http=_http_protocol())
+        timeout_keep_alive=5, timeout_graceful_shutdown=30, http=_http_protocol(),
+        root_path=getattr(args, "root_path", None) or "",
+        ssl_keyfile=getattr(args, "ssl_keyfile", None),
+        ssl_certfile=getattr(args, "ssl_certfile", None),
+        ssl_ca_certs=getattr(args, "ssl_ca_certs", None),
+        ssl_cert_reqs=getattr(args, "ssl_cert_reqs", 0))
     return _Server(config)
 
 
@@ -262,7 +267,8 @@ def run_server(args: Any) -> None:
                     ", ".join(app.state.serving.served_model_names))
         logger.info("Supported tasks: %s; routes: %s", list(async_llm.model_config.supported_tasks),
                     ", ".join(app.state.serving.served_routes()))
-        logger.info("Listening on http://%s:%d", shown, port)
+        scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
+        logger.info("Listening on %s://%s:%d", scheme, shown, port)
         make_server(app, args).run(sockets=[sock])
     finally:
         async_llm.shutdown()

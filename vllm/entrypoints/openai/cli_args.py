@@ -25,7 +25,10 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_
 _IGNORED_SWITCHES = frozenset({
     "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
     "disable_async_output_proc", "skip_tokenizer_init", "disable_log_requests",
-    "enable_log_requests", "calculate_kv_scales", "async_scheduling"})
+    "enable_log_requests", "calculate_kv_scales", "async_scheduling",
+    "disable_sliding_window"})
+# vLLM engine flags whose value is optional (`--hf-token` alone: the stored token).
+_IGNORED_OPTIONAL_VALUE = frozenset({"hf_token"})
 _UNSUPPORTED_TYPES: dict[str, Any] = {
     "tensor_parallel_size": int, "pipeline_parallel_size": int, "data_parallel_size": int,
     "max_lora_rank": int, "rope_theta": float, "enable_lora": bool,
@@ -40,6 +43,7 @@ _IGNORED_SERVER_FLAGS = {
     "enable_auto_tool_choice": False, "tool_call_parser": True, "chat_template": True,
     "response_role": True, "allowed_origins": True, "allowed_methods": True,
     "allowed_headers": True, "allow_credentials": False, "middleware": True,
+    "max_log_len": True,
 }
 
 
@@ -101,6 +105,14 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
                         help="Log level of uvicorn (the HTTP server).")
     server.add_argument("--disable-uvicorn-access-log", action="store_true",
                         help="Do not log one line per HTTP request.")
+    server.add_argument("--root-path", default=None,
+                        help="FastAPI root_path when the server sits behind a path-based proxy.")
+    server.add_argument("--ssl-keyfile", default=None, help="Serve HTTPS with this key file.")
+    server.add_argument("--ssl-certfile", default=None, help="... and this certificate file.")
+    server.add_argument("--ssl-ca-certs", default=None, help="CA certificates file (HTTPS).")
+    server.add_argument("--ssl-cert-reqs", type=int, default=0,
+                        help="Whether client certificates are required (see Python's ssl "
+                        "module; 0 = none).")
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -169,6 +181,10 @@ def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
         if dest in _IGNORED_SWITCHES:
             noop.add_argument(_flag(dest), dest=dest, action="store_true",
                               default=argparse.SUPPRESS, help="No effect (accepted, logged).")
+        elif dest in _IGNORED_OPTIONAL_VALUE:
+            noop.add_argument(_flag(dest), dest=dest, nargs="?", const=True,
+                              default=argparse.SUPPRESS, metavar="VALUE",
+                              help="No effect (accepted, logged).")
         else:
             noop.add_argument(_flag(dest), dest=dest, default=argparse.SUPPRESS,
                               metavar="VALUE", help="No effect (accepted, logged).")

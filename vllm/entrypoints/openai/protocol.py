@@ -4,12 +4,14 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 # A single prompt, a batch of prompts, one token-id list or a batch of token-id lists.
 PromptInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 # Truncation: -1 = max_model_len, k >= 1 = keep k tokens (checked against the model later).
-TruncateTokens = Optional[StrictInt]
+# Scalar numbers and flags validate in pydantic's lax mode, as upstream's plain `int` / `bool`
+# fields do ("5" -> 5, "false" -> False); texts and token lists stay strict.
+TruncateTokens = Optional[int]
 
 
 class OpenAIBaseModel(BaseModel):
@@ -23,18 +25,18 @@ class EmbeddingRequest(OpenAIBaseModel):
     model: Optional[StrictStr] = None
     input: PromptInput
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[StrictInt] = None
+    dimensions: Optional[int] = None
     user: Optional[StrictStr] = None
     truncate_prompt_tokens: TruncateTokens = None
-    add_special_tokens: StrictBool = True
-    normalize: Optional[StrictBool] = None
-    use_activation: Optional[StrictBool] = None
+    add_special_tokens: bool = True
+    normalize: Optional[bool] = None
+    use_activation: Optional[bool] = None
 
 
 class PoolingRequest(EmbeddingRequest):
     """`/pooling`: the same fields as embeddings; the raw pooler output comes back."""
 
-    softmax: Optional[StrictBool] = None
+    softmax: Optional[bool] = None
 
 
 class ClassificationRequest(OpenAIBaseModel):
@@ -42,9 +44,9 @@ class ClassificationRequest(OpenAIBaseModel):
     input: PromptInput
     user: Optional[StrictStr] = None
     truncate_prompt_tokens: TruncateTokens = None
-    add_special_tokens: StrictBool = True
-    activation: Optional[StrictBool] = None
-    use_activation: Optional[StrictBool] = None
+    add_special_tokens: bool = True
+    activation: Optional[bool] = None
+    use_activation: Optional[bool] = None
 
 
 class ScoreRequest(OpenAIBaseModel):
@@ -52,26 +54,26 @@ class ScoreRequest(OpenAIBaseModel):
     text_1: Union[StrictStr, list[StrictStr]]
     text_2: Union[StrictStr, list[StrictStr]]
     truncate_prompt_tokens: TruncateTokens = None
-    activation: Optional[StrictBool] = None
-    use_activation: Optional[StrictBool] = None
+    activation: Optional[bool] = None
+    use_activation: Optional[bool] = None
 
 
 class RerankRequest(OpenAIBaseModel):
     model: Optional[StrictStr] = None
     query: StrictStr
     documents: list[StrictStr]
-    top_n: StrictInt = Field(default=0, ge=0)
-    return_documents: StrictBool = True
+    top_n: int = 0  # 0, negative or more than the documents: all of them
+    return_documents: bool = True
     truncate_prompt_tokens: TruncateTokens = None
-    activation: Optional[StrictBool] = None
-    use_activation: Optional[StrictBool] = None
+    activation: Optional[bool] = None
+    use_activation: Optional[bool] = None
 
 
 class TokenizeRequest(OpenAIBaseModel):
     model: Optional[StrictStr] = None
     prompt: StrictStr
-    add_special_tokens: StrictBool = True
-    return_token_strs: StrictBool = False
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
 
 
 class DetokenizeRequest(OpenAIBaseModel):

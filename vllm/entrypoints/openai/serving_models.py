@@ -1,6 +1,7 @@
 """GET /v1/models: the names this server answers to."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from fastapi import APIRouter
@@ -13,7 +14,7 @@ def list_models(ctx: ServingContext) -> ModelList:
     config = ctx.model_config
     return ModelList(data=[
         ModelCard(id=name, root=str(config.model), max_model_len=config.max_model_len,
-                  permission=[ModelPermission(id=f"modelperm-{name}")])
+                  permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])
         for name in ctx.served_model_names])
 
 
