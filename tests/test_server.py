@@ -395,6 +395,8 @@ BAD_INPUTS = [
     ("activation on cosine scores", "/score", {"text_1": "a", "text_2": "b",
                                                 "activation": True}, 400, "activation"),
     ("empty documents", "/rerank", {"query": "a", "documents": []}, 400, "documents"),
+    ("priority without priority scheduling", "/v1/embeddings", {"input": "a", "priority": 1},
+     400, "priority"),
     ("top_n not a number", "/rerank", {"query": "a", "documents": ["b"], "top_n": "all"}, 400,
      "top_n"),
     ("missing query", "/v1/rerank", {"documents": ["b"]}, 400, "query"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 # A single prompt, a batch of prompts, one token-id list or a batch of token-id lists.
 PromptInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
@@ -21,7 +21,22 @@ class OpenAIBaseModel(BaseModel):
 
 
 # ----- requests -------------------------------------------------------------------------
-class EmbeddingRequest(OpenAIBaseModel):
+class EngineRequest(OpenAIBaseModel):
+    """A request that runs on the engine. `priority` is upstream's field: the scheduler here
+    is first-come-first-served, so any value but 0 is refused, as upstream refuses it
+    without `--scheduling-policy priority`."""
+
+    priority: int = 0
+
+    @field_validator("priority")
+    @classmethod
+    def _fcfs_only(cls, value: int) -> int:
+        if value != 0:
+            raise ValueError(f"Got priority {value} but Priority scheduling is not enabled.")
+        return value
+
+
+class EmbeddingRequest(EngineRequest):
     model: Optional[StrictStr] = None
     input: PromptInput
     encoding_format: Literal["float", "base64"] = "float"
@@ -39,7 +54,7 @@ class PoolingRequest(EmbeddingRequest):
     softmax: Optional[bool] = None
 
 
-class ClassificationRequest(OpenAIBaseModel):
+class ClassificationRequest(EngineRequest):
     model: Optional[StrictStr] = None
     input: PromptInput
     user: Optional[StrictStr] = None
@@ -49,7 +64,7 @@ class ClassificationRequest(OpenAIBaseModel):
     use_activation: Optional[bool] = None
 
 
-class ScoreRequest(OpenAIBaseModel):
+class ScoreRequest(EngineRequest):
     model: Optional[StrictStr] = None
     text_1: Union[StrictStr, list[StrictStr]]
     text_2: Union[StrictStr, list[StrictStr]]
@@ -58,7 +73,7 @@ class ScoreRequest(OpenAIBaseModel):
     use_activation: Optional[bool] = None
 
 
-class RerankRequest(OpenAIBaseModel):
+class RerankRequest(EngineRequest):
     model: Optional[StrictStr] = None
     query: StrictStr
     documents: list[StrictStr]
