@@ -8,6 +8,7 @@ import huggingface_hub.constants as hf_constants
 import pytest
 
 from vllm import LLM
+from vllm.engine.arg_utils import EngineArgs
 from vllm.transformers_utils.config import resolve_model_path
 
 
@@ -38,3 +39,11 @@ def test_missing_model_names_the_model_and_the_cache(tmp_path, monkeypatch):
         LLM("no-such-org/no-such-model")
     message = str(err.value)
     assert "no-such-org/no-such-model" in message and str(tmp_path) in message
+
+
+def test_deprecated_task_score_on_an_embedding_model_scores_by_cosine(minilm_dir):
+    """As upstream: task="score" converts to classify only for a model whose own task is
+    classification; an embedding model stays one and scores by cosine similarity."""
+    with pytest.warns(DeprecationWarning):
+        mc = EngineArgs(model=minilm_dir, task="score").create_engine_config().model_config
+    assert mc.convert == "embed" and "score" in mc.supported_tasks

@@ -220,6 +220,19 @@ def _pair_reference(model_dir: str, a: str, b: str, token_types: bool):
     return list(enc["input_ids"]), torch.sigmoid(logits).item()
 
 
+def test_truncated_pair_is_the_tokenizers_longest_first(shared_llm, bert_cls_dir):
+    """`truncate_prompt_tokens` on a pair: `tokenizer(a, b, truncation=True, max_length=k)`,
+    as upstream (longest first: both texts give up tokens when both are long)."""
+    llm = shared_llm(bert_cls_dir)
+    tok = mf.hf_tokenizer(bert_cls_dir)
+    a, b = mf.text_of_length(tok, 30, seed=1), mf.text_of_length(tok, 30, seed=2)
+    ref = tok(a, b, truncation=True, max_length=40)
+    out = llm.score(a, b, truncate_prompt_tokens=40, use_tqdm=False)[0]
+    assert out.prompt_token_ids == list(ref["input_ids"])
+    first = list(ref["token_type_ids"]).count(0) - 2  # [CLS] a [SEP]
+    assert first < len(tok(a)["input_ids"]) - 2  # the first text was cut too
+
+
 @pytest.mark.parametrize("fixture,token_types", [("bert_cls_dir", True),
                                                  ("xlmr_cls_dir", False),
                                                  ("qwen3_cls_dir", False)])
@@ -326,6 +339,11 @@ def test_reward_all_pooling_per_token(shared_llm, qwen2_reward_dir):
     enc = llm.encode(prompts[:2], pooling_task="encode", use_tqdm=False)
     for a, b in zip(enc, outs[:2]):
         assert mf.max_abs_diff(a.outputs.data, b.outputs.data) <= 1e-6
+    # softmax over one label is a sigmoid (a softmax over one value would be all 1.0)
+    act = llm.reward(prompts[:2], pooling_params=PoolingParams(softmax=True), use_tqdm=False)
+    for a, b in zip(act, outs[:2]):
+        assert mf.max_abs_diff(a.outputs.data, torch.sigmoid(b.outputs.data)) <= 1e-6
+        assert float(a.outputs.data.min()) < 0.999
 
 
 PRM_TEXT = ("first step: two and two are four<extra_0>second step: the result is "
@@ -356,3 +374,11 @@ def test_process_reward_step_pooling(shared_llm, qwen2_prm_dir):
         pooling_task="encode", use_tqdm=False)
     assert tuple(outs[0].outputs.data.shape) == (3, 1)
     assert mf.max_abs_diff(outs[0].outputs.data, rows[:, [1]]) <= PROB_TOL
+
+    # As upstream: the returned columns are picked first, then the activation runs on them
+    # (one column: a sigmoid; not the softmax over every column, then picked).
+    outs = llm.encode(PRM_TEXT, pooling_params=PoolingParams(
+        step_tag_id=tag, returned_token_ids=[1], softmax=True),
+        pooling_task="encode", use_tqdm=False)
+    assert mf.max_abs_diff(outs[0].outputs.data, torch.sigmoid(rows[:, [1]])) <= PROB_TOL
+    assert mf.max_abs_diff(torch.sigmoid(rows[:, [1]]), torch.softmax(rows, -1)[:, [1]]) > 1e-3

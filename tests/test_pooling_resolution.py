@@ -118,6 +118,28 @@ def test_st_dense_module_is_applied(shared_llm, bert_st_dense_dir):
         assert mf.cosine(g, r) >= 0.9999
 
 
+def test_dense_applies_to_embeddings_only_in_a_mixed_step(shared_llm, bert_st_dense_dir):
+    """An embed and a raw encode request in one engine step: only the embedding goes
+    through the Dense module; each equals what it gives alone."""
+    from vllm import PoolingParams
+    llm = shared_llm(bert_st_dense_dir)
+    alone_raw = llm.encode(["Hello world"], pooling_task="encode", use_tqdm=False)[0]
+    alone_emb = llm.embed(["Hello world"], use_tqdm=False)[0]
+    engine = llm.llm_engine
+    prompt = engine.processor.tokenize_prompt("Hello world")
+    engine.add_request("mixed-embed", prompt, PoolingParams(task="embed"))
+    engine.add_request("mixed-raw", prompt, PoolingParams(task="encode"))
+    done = {}
+    steps = engine.stats.num_steps
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step()})
+    assert engine.stats.num_steps == steps + 1  # really one step
+    assert done["mixed-raw"].outputs.data.shape == alone_raw.outputs.data.shape == (64,)
+    assert mf.max_abs_diff(done["mixed-raw"].outputs.data, alone_raw.outputs.data) <= 1e-5
+    assert mf.max_abs_diff(done["mixed-embed"].outputs.data,
+                           torch.tensor(alone_emb.outputs.embedding)) <= 1e-5
+
+
 def test_unsupported_st_module_is_refused_at_load(bert_st_bad_module_dir):
     with pytest.raises(ValueError) as err:
         LLM(model=bert_st_bad_module_dir)

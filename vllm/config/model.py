@@ -83,6 +83,9 @@ class ModelConfig:
                                  f"{sorted(set(_TASK_TO_CONVERT))}.")
             if self.convert == "auto":
                 self.convert = _TASK_TO_CONVERT[self.task]
+                if self.task == "score" and resolve_architecture(
+                        self.hf_config.architectures[0]).native_convert == "embed":
+                    self.convert = "embed"  # as upstream: an embedding model scores by cosine
         if self.runner not in ("auto", "pooling"):
             raise ValueError(f"runner={self.runner!r} is not supported: this engine serves "
                              "pooling models only; use runner='pooling' (or 'auto').")

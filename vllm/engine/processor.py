@@ -141,12 +141,8 @@ class InputProcessor:
     def tokenize_pair(self, text_1: str, text_2: str,
                       truncate_prompt_tokens: Optional[int] = None) -> TokenizedPrompt:
         """A cross-encoder pair in the tokenizer's own pair form."""
-        trunc = self._truncation(truncate_prompt_tokens)
-        text_1, text_2 = self._text(text_1), self._text(text_2)
-        if trunc:
-            trunc["truncation"] = "only_second" if len(self.tokenizer(text_1)["input_ids"]) \
-                < trunc["max_length"] else True
-        enc = self.tokenizer(text_1, text_2, **trunc)
+        trunc = self._truncation(truncate_prompt_tokens)  # longest_first, as upstream
+        enc = self.tokenizer(self._text(text_1), self._text(text_2), **trunc)
         out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         self.check(out)
         return out

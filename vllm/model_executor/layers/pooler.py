@@ -65,11 +65,17 @@ class Pooler:
         tasks = {s.params.task for s in slices}
         if self.head is not None and tasks & {"classify", "score", "encode", "reward"}:
             pooled = self.head(pooled)
-        elif self.dense and "embed" in tasks:
+        vectors = list(pooled.float())
+        if self.dense and "embed" in tasks:
+            # The sentence-transformers Dense modules belong to embeddings only: a raw
+            # /pooling request in the same step keeps the transformer's pooled state.
+            rows = [i for i, s in enumerate(slices) if s.params.task == "embed"]
+            projected = pooled[rows]
             for layer in self.dense:
-                pooled = layer(pooled)
-        pooled = pooled.float()
-        return [self._post(pooled[i], s.params).cpu() for i, s in enumerate(slices)]
+                projected = layer(projected)
+            for i, vec in zip(rows, projected.float()):
+                vectors[i] = vec
+        return [self._post(vectors[i], s.params).cpu() for i, s in enumerate(slices)]
 
     def _row_index(self, slices: list[PoolingSlice], device) -> torch.Tensor:
         if self.pooling_type == "LAST":
@@ -89,7 +95,7 @@ class Pooler:
             return _label_activation(vec) if p.activation else vec
         if p.task == "score":
             return _apply(self.score_activation, vec) if p.activation else vec
-        return F.softmax(vec, dim=-1) if p.softmax else vec
+        return _label_activation(vec) if p.softmax else vec
 
     # ----- one row per token (ALL, STEP) ---------------------------------------------
     def _token_rows(self, hidden: torch.Tensor, s: PoolingSlice) -> torch.Tensor:
@@ -99,14 +105,14 @@ class Pooler:
             rows = self.head(rows)
         rows = rows.float()
         p = s.params
-        if p.softmax:
-            rows = F.softmax(rows, dim=-1)
-        if self.pooling_type == "STEP":
+        if self.pooling_type == "STEP":  # as upstream: columns, then tag rows, then activation
+            if p.returned_token_ids:
+                rows = rows[:, p.returned_token_ids]
             if p.step_tag_id is not None:
                 ids = torch.tensor(s.token_ids, device=rows.device)
                 rows = rows[ids == p.step_tag_id]
-            if p.returned_token_ids:
-                rows = rows[:, p.returned_token_ids]
+        if p.softmax:  # one column: sigmoid (a softmax over one value is always 1)
+            rows = _label_activation(rows)
         return rows.cpu()
 
 
