@@ -346,6 +346,35 @@ def test_reward_all_pooling_per_token(shared_llm, qwen2_reward_dir):
         assert float(a.outputs.data.min()) < 0.999
 
 
+def test_reward_config_without_labels_keeps_the_one_wide_head(shared_llm, qwen2_reward_dir,
+                                                              tmp_path):
+    """Qwen2.5-Math-RM's config.json has no id2label (transformers then assumes 2 labels);
+    its head is 1 wide, as upstream fixes it."""
+    import json
+    bare = mf.copy_checkpoint(qwen2_reward_dir, tmp_path / "rm")
+    cfg = json.loads((bare / "config.json").read_text())
+    for key in ("id2label", "label2id", "num_labels"):
+        cfg.pop(key, None)
+    (bare / "config.json").write_text(json.dumps(cfg))
+    prompt = _prompts(qwen2_reward_dir)[0]
+    got = shared_llm(bare).reward([prompt], use_tqdm=False)[0].outputs.data
+    ref = shared_llm(qwen2_reward_dir).reward([prompt], use_tqdm=False)[0].outputs.data
+    assert got.shape[-1] == 1 and mf.max_abs_diff(got, ref) <= 1e-6
+
+
+def test_causal_lm_served_as_reward_model_returns_its_hidden_states(qwen2_embed_dir):
+    """convert="reward" on a plain *ForCausalLM (no score head in the checkpoint): ALL
+    pooling over the final hidden states, as upstream's reward adapter."""
+    from vllm import LLM
+    llm = LLM(model=qwen2_embed_dir, convert="reward")
+    prompts = _prompts(qwen2_embed_dir)[:3]
+    for prompt, out in zip(prompts, llm.reward(prompts, use_tqdm=False)):
+        ids = _ids(qwen2_embed_dir, prompt)
+        ref = mf.hf_hidden_states(qwen2_embed_dir, ids)
+        assert tuple(out.outputs.data.shape) == tuple(ref.shape) == (len(ids), ref.shape[-1])
+        assert mf.max_abs_diff(out.outputs.data, ref) <= 1e-4
+
+
 PRM_TEXT = ("first step: two and two are four<extra_0>second step: the result is "
             "the answer<extra_0>so the answer is four<extra_0>")
 

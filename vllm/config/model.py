@@ -206,6 +206,12 @@ class ModelConfig:
         if tokens:
             return 1 if getattr(self.hf_config, "is_original_qwen3_reranker", False) \
                 else len(tokens)
+        # As upstream: the reward layouts fix their width (Qwen2.5-Math-RM's config.json has
+        # no id2label, so transformers' default of 2 labels would not match its 1-wide head).
+        if self.architecture.endswith("ForProcessRewardModel"):
+            return 2
+        if self.architecture.endswith(("ForRewardModel", "ForRewardModeling")):
+            return 1
         return int(getattr(self.hf_config, "num_labels", 1) or 1)
 
     @property

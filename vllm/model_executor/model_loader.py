@@ -77,6 +77,8 @@ def _build_head(mc: ModelConfig, cls, names: set[str]) -> Optional[nn.Module]:
     if mc.convert == "classify":
         return cls.build_classifier(mc.hf_config, mc.num_labels, names)
     if mc.convert == "reward":
+        if not any(n.startswith("score.") for n in names):
+            return None  # a causal LM served as a reward model: its hidden states, per token
         return RewardHead(mc.hf_config.hidden_size, mc.num_labels)
     return None
 
