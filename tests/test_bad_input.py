@@ -245,3 +245,21 @@ def test_smaller_max_model_len_is_honoured(bert_embed_dir):
         llm.embed([text], use_tqdm=False)
     out = llm.embed([text], truncate_prompt_tokens=-1, use_tqdm=False)[0]
     assert len(out.prompt_token_ids) == 32
+
+
+def test_truncated_token_ids_keep_their_last_tokens(bert_llm, bert_embed_dir):
+    """Token-id prompts with truncate_prompt_tokens=k keep their last k ids, as upstream."""
+    ids = list(mf.hf_tokenizer(bert_embed_dir)("the quick brown fox jumps")["input_ids"])
+    out = bert_llm.embed([{"prompt_token_ids": ids}], truncate_prompt_tokens=3,
+                         use_tqdm=False)[0]
+    assert out.prompt_token_ids == ids[-3:]
+
+
+def test_roberta_position_offset_follows_pad_token_id():
+    """Positions start at padding_idx + 1; a pad_token_id of 0 is 0, not the default 1."""
+    import types
+    from vllm.model_executor.models.roberta import RobertaModel
+    offset = RobertaModel._position_offset
+    assert offset(None, types.SimpleNamespace(pad_token_id=0)) == 1
+    assert offset(None, types.SimpleNamespace(pad_token_id=1)) == 2
+    assert offset(None, types.SimpleNamespace(pad_token_id=None)) == 2

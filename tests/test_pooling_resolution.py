@@ -240,3 +240,27 @@ def test_st_do_lower_case_lowers_the_text_as_sentence_transformers_does(
         tok("hello world")["input_ids"] != tok("Hello World")["input_ids"]
     assert processor.tokenize_pair("Hello", "World").prompt_token_ids == \
         tok("hello", "world")["input_ids"]
+
+
+def test_st_settings_file_named_after_the_family_is_read(bert_st_mean_dir, tmp_path):
+    """sentence-transformers names the Transformer module's settings file after the model
+    family (e.g. sentence_xlm-roberta_config.json); its max_seq_length still applies."""
+    from vllm.engine.arg_utils import EngineArgs
+    copy = mf.copy_checkpoint(bert_st_mean_dir, tmp_path / "xlmr_named")
+    (copy / "sentence_bert_config.json").unlink()
+    (copy / "sentence_xlm-roberta_config.json").write_text(
+        json.dumps({"max_seq_length": 48, "do_lower_case": False}))
+    assert EngineArgs(model=str(copy)).create_engine_config().model_config.max_model_len == 48
+
+
+def test_configured_softmax_over_one_label_scores_by_sigmoid(shared_llm, qwen3_cls_dir,
+                                                             tmp_path):
+    """A one-label cross-encoder whose config names Softmax: a softmax over one value is
+    always 1, so the score is the sigmoid, as upstream."""
+    plain = shared_llm(qwen3_cls_dir).score("q", ["a doc", "another"], use_tqdm=False)
+    copy = mf.edit_config(mf.copy_checkpoint(qwen3_cls_dir, tmp_path / "softmax_ce"),
+                          sentence_transformers={
+                              "activation_fn": "torch.nn.modules.activation.Softmax"})
+    got = shared_llm(copy).score("q", ["a doc", "another"], use_tqdm=False)
+    assert [o.outputs.score for o in got] == pytest.approx([o.outputs.score for o in plain])
+    assert len({round(o.outputs.score, 6) for o in got}) == 2  # not all 1.0

@@ -155,7 +155,8 @@ class ModelConfig:
     def _position_limit(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 512
         if self.hf_config.model_type in ("roberta", "xlm-roberta"):
-            limit -= (getattr(self.hf_config, "pad_token_id", 1) or 1) + 1
+            pad = getattr(self.hf_config, "pad_token_id", None)
+            limit -= (1 if pad is None else pad) + 1
         return int(limit)
 
     def _resolve_max_model_len(self) -> int:

@@ -86,8 +86,7 @@ class InputProcessor:
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
             if trunc:
-                ids = ids[-trunc["max_length"]:] if self.tokenizer.truncation_side == "left" \
-                    else ids[: trunc["max_length"]]
+                ids = ids[-trunc["max_length"]:]  # token ids keep their last k, as upstream
             out = TokenizedPrompt(ids)
         else:
             raise ValueError(f"A prompt must be a str, a list of token ids or a dict; got "

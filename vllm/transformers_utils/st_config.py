@@ -62,10 +62,17 @@ def load_st_config(path: Path) -> Optional[SentenceTransformersConfig]:
             cfg.dense.append(_dense_spec(mpath))
         elif kind == "Normalize":
             cfg.normalize = True
-    st = read_json(path / "sentence_bert_config.json") or {}
+    st = next((c for c in (read_json(path / name) for name in _ST_CONFIG_FILES) if c), {})
     cfg.max_seq_length = st.get("max_seq_length")
     cfg.do_lower_case = bool(st.get("do_lower_case", False))
     return cfg
+
+
+# The Transformer module's settings file, named after the model family (the first found).
+_ST_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                    "sentence_distilbert_config.json", "sentence_camembert_config.json",
+                    "sentence_albert_config.json", "sentence_xlm-roberta_config.json",
+                    "sentence_xlnet_config.json")
 
 
 def _pooling_type(mpath: Path) -> Optional[str]:

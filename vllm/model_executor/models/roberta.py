@@ -13,7 +13,8 @@ class RobertaModel(BertModel):
     weight_prefix = "roberta."
 
     def _position_offset(self, config) -> int:
-        return (getattr(config, "pad_token_id", 1) or 1) + 1
+        pad = getattr(config, "pad_token_id", None)
+        return (1 if pad is None else pad) + 1
 
 
 class _RobertaClassifier(nn.Module):
