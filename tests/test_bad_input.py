@@ -253,13 +253,3 @@ def test_truncated_token_ids_keep_their_last_tokens(bert_llm, bert_embed_dir):
     out = bert_llm.embed([{"prompt_token_ids": ids}], truncate_prompt_tokens=3,
                          use_tqdm=False)[0]
     assert out.prompt_token_ids == ids[-3:]
-
-
-def test_roberta_position_offset_follows_pad_token_id():
-    """Positions start at padding_idx + 1; a pad_token_id of 0 is 0, not the default 1."""
-    import types
-    from vllm.model_executor.models.roberta import RobertaModel
-    offset = RobertaModel._position_offset
-    assert offset(None, types.SimpleNamespace(pad_token_id=0)) == 1
-    assert offset(None, types.SimpleNamespace(pad_token_id=1)) == 2
-    assert offset(None, types.SimpleNamespace(pad_token_id=None)) == 2

@@ -411,3 +411,26 @@ def test_process_reward_step_pooling(shared_llm, qwen2_prm_dir):
         pooling_task="encode", use_tqdm=False)
     assert mf.max_abs_diff(outs[0].outputs.data, torch.sigmoid(rows[:, [1]])) <= PROB_TOL
     assert mf.max_abs_diff(torch.sigmoid(rows[:, [1]]), torch.softmax(rows, -1)[:, [1]]) > 1e-3
+
+
+def test_roberta_position_offset_follows_pad_token_id():
+    """Positions start at padding_idx + 1; a pad_token_id of 0 is 0, not the default 1."""
+    import types
+    from vllm.model_executor.models.roberta import RobertaModel
+    offset = RobertaModel._position_offset
+    assert offset(None, types.SimpleNamespace(pad_token_id=0)) == 1
+    assert offset(None, types.SimpleNamespace(pad_token_id=1)) == 2
+    assert offset(None, types.SimpleNamespace(pad_token_id=None)) == 2
+
+
+def test_mean_pooling_stays_float32_for_a_bfloat16_model():
+    """MEAN sums and divides in float32 and hands float32 on (as upstream), so a bfloat16
+    model's mean is not rounded back to bfloat16 before normalising."""
+    from vllm.model_executor.layers.pooler import PoolingSlice, _mean_pool
+    hidden = torch.randn(7, 16, generator=torch.Generator().manual_seed(0)).bfloat16()
+    slices = [PoolingSlice(0, 3, 0, [1, 2, 3], PoolingParams()),
+              PoolingSlice(3, 4, 0, [1, 2, 3, 4], PoolingParams())]
+    got = _mean_pool(hidden, slices)
+    want = torch.stack([hidden[:3].double().mean(0), hidden[3:].double().mean(0)])
+    assert got.dtype == torch.float32
+    assert float((got.double() - want).abs().max()) < 1e-6

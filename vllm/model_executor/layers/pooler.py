@@ -64,13 +64,13 @@ class Pooler:
             pooled = hidden[self._row_index(slices, hidden.device)]
         tasks = {s.params.task for s in slices}
         if self.head is not None and tasks & {"classify", "score", "encode", "reward"}:
-            pooled = self.head(pooled)
+            pooled = self.head(pooled.to(hidden.dtype))
         vectors = list(pooled.float())
         if self.dense and "embed" in tasks:
             # The sentence-transformers Dense modules belong to embeddings only: a raw
             # /pooling request in the same step keeps the transformer's pooled state.
             rows = [i for i, s in enumerate(slices) if s.params.task == "embed"]
-            projected = pooled[rows]
+            projected = pooled[rows].to(hidden.dtype)
             for layer in self.dense:
                 projected = layer(projected)
             for i, vec in zip(rows, projected.float()):
@@ -127,7 +127,7 @@ def _mean_pool(hidden: torch.Tensor, slices: list[PoolingSlice]) -> torch.Tensor
     sums.index_add_(0, segment.to(hidden.device), hidden.float())
     counts = torch.tensor([s.num_new for s in slices], dtype=torch.float32,
                           device=hidden.device)
-    return (sums[:-1] / counts[:, None]).to(hidden.dtype)
+    return sums[:-1] / counts[:, None]  # float32, as upstream (heads cast to their dtype)
 
 
 def _require_whole(s: PoolingSlice, kind: str) -> None:
