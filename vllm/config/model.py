@@ -14,7 +14,8 @@ from vllm.config.pooler import PoolerConfig
 from vllm.logger import init_logger
 from vllm.model_executor.models.registry import (ResolvedArch, convert_architecture,
                                                  resolve_architecture)
-from vllm.transformers_utils.config import load_hf_config, read_json, resolve_model_path
+from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
+                                            roberta_position_offset)
 from vllm.transformers_utils.st_config import SentenceTransformersConfig, load_st_config
 
 logger = init_logger(__name__)
@@ -155,8 +156,7 @@ class ModelConfig:
     def _position_limit(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 512
         if self.hf_config.model_type in ("roberta", "xlm-roberta"):
-            pad = getattr(self.hf_config, "pad_token_id", None)
-            limit -= (1 if pad is None else pad) + 1
+            limit -= roberta_position_offset(self.hf_config)
         return int(limit)
 
     def _resolve_max_model_len(self) -> int:

@@ -45,3 +45,9 @@ def read_json(path: Path) -> Optional[dict]:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def roberta_position_offset(hf_config: PretrainedConfig) -> int:
+    """RoBERTa numbers non-padding tokens from padding_idx + 1 (a pad_token_id of 0 counts)."""
+    pad = getattr(hf_config, "pad_token_id", None)
+    return (1 if pad is None else pad) + 1

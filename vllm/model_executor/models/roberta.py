@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from vllm.model_executor.models.bert import BertModel
+from vllm.transformers_utils.config import roberta_position_offset
 
 
 class RobertaModel(BertModel):
@@ -13,8 +14,7 @@ class RobertaModel(BertModel):
     weight_prefix = "roberta."
 
     def _position_offset(self, config) -> int:
-        pad = getattr(config, "pad_token_id", None)
-        return (1 if pad is None else pad) + 1
+        return roberta_position_offset(config)
 
 
 class _RobertaClassifier(nn.Module):
