@@ -32,6 +32,11 @@ COMMON_ROUTES = ("POST /tokenize", "POST /detokenize", "GET /v1/models", "GET /h
                  "GET /version", "GET /metrics")
 
 
+def random_hex() -> str:
+    """32 random hex digits, as uuid4().hex, from Python's generator (see `response_id`)."""
+    return f"{random.getrandbits(128):032x}"
+
+
 def json_response(body: BaseModel) -> Response:
     """Serialize a response model straight to JSON bytes with pydantic's serializer
     (no intermediate dict, no per-float re-encoding in Python)."""
@@ -117,7 +122,7 @@ class ServingContext:
         (as uuid4().hex, but from Python's generator: os.urandom released the GIL, and the
         event loop then waited ~0.3 ms per request to get it back from the engine thread)."""
         given = request.headers.get("x-request-id")
-        return f"{prefix}-{given}" if given else f"{prefix}-{random.getrandbits(128):032x}"
+        return f"{prefix}-{given or random_hex()}"
 
     # ----- inputs ---------------------------------------------------------------------
     def check_truncation(self, truncate: Optional[int]) -> Optional[int]:

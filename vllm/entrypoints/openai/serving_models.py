@@ -1,20 +1,19 @@
 """GET /v1/models: the names this server answers to."""
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from fastapi import APIRouter
 
 from vllm.entrypoints.openai.protocol import ModelCard, ModelList, ModelPermission
-from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
+from vllm.entrypoints.openai.serving_engine import ServingContext, json_response, random_hex
 
 
 def list_models(ctx: ServingContext) -> ModelList:
     config = ctx.model_config
     return ModelList(data=[
         ModelCard(id=name, root=str(config.model), max_model_len=config.max_model_len,
-                  permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])
+                  permission=[ModelPermission(id=f"modelperm-{random_hex()}")])
         for name in ctx.served_model_names])
 
 

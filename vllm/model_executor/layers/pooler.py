@@ -144,7 +144,7 @@ def _apply(name: str, x: torch.Tensor) -> torch.Tensor:
     if name == "sigmoid":
         return torch.sigmoid(x)
     if name == "softmax":  # over one value it would always be 1: a sigmoid, as upstream
-        return F.softmax(x, dim=-1) if x.shape[-1] > 1 else torch.sigmoid(x)
+        return _label_activation(x)
     if name == "tanh":
         return torch.tanh(x)
     return x
