@@ -93,7 +93,7 @@ def test_packed_layers_compute_the_same(backend, dtype):
         packed = lin.pack_weights(model)
         after = [model["plain"](x), model["plain"].forward_add(x, other), model["act"](x),
                  model["gated"](x)]
-    if backend == "torch":
+    if lin.linear_backend(torch.device("cpu"), dtype) == "torch":  # off (or no bf16 oneDNN)
         assert packed == 0 and not any(p.is_meta for p in model.parameters())
         return
     assert packed == 3 and lin.pack_weights(model) == 3   # packing twice is a no-op
