@@ -20,6 +20,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import model_factory as mf  # noqa: E402
+from servers import (classifier3, cross_encoder, minilm, minilm_engine,  # noqa: E402,F401
+                     minilm_llm, qwen3, secured)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -30,7 +30,7 @@ class FakeEngine:
                 (threading.current_thread().name, p) for p in prompts],
             tokenize_texts=lambda prompts: [
                 (threading.current_thread().name, p.text) for p in prompts],
-            tokenize_prompt=None, tokenize_pair=None, tokenizer=None)
+            tokenize_prompt=lambda prompt, *a, **k: prompt, tokenize_pair=None, tokenizer=None)
         self.processor.clone = lambda: self.processor
         self.steps_per_request = steps_per_request
         self.running: dict[str, int] = {}
@@ -351,20 +351,20 @@ def test_a_failed_step_fails_its_requests_and_serving_goes_on(fake):
     assert llm.is_alive and engine.aborted == ["x"]
 
 
-def test_repeated_step_failures_mark_dead_and_health_503():
-    from vllm.engine.async_llm import MAX_CONSECUTIVE_STEP_FAILURES
+def test_a_failed_self_test_marks_dead_and_health_503():
+    """A step fails, and so does the short request run alone after it: the engine itself is
+    broken. The loop stops, callbacks run (the server exits on them), /health is 503."""
     from vllm.entrypoints.openai.api_server import build_app
     engine = FakeEngine()
     engine.failing_steps = 10 ** 6
     llm = AsyncLLM(engine)
+    died = threading.Event()
+    llm.on_dead(died.set)
 
     async def main():
-        for i in range(MAX_CONSECUTIVE_STEP_FAILURES - 1):
-            with pytest.raises(RuntimeError):
-                await llm.encode("p", None, f"x{i}")
-        with pytest.raises(EngineDeadError):
-            await llm.encode("p", None, "last")
-        assert not llm.is_alive and llm.errored
+        with pytest.raises(RuntimeError):
+            await llm.encode("p", None, "x")
+        assert died.wait(5) and not llm.is_alive and llm.errored
         with pytest.raises(EngineDeadError):
             await llm.encode("p", None, "y")
         app = build_app(llm, types.SimpleNamespace(served_model_name=["fake"]))
@@ -377,8 +377,31 @@ def test_repeated_step_failures_mark_dead_and_health_503():
     health, embed = asyncio.run(main())
     assert health.status_code == 503
     assert health.json()["error"]["type"] == "ServiceUnavailableError"
-    assert embed.status_code == 503 and "device lost" in embed.json()["error"]["message"]
+    message = embed.json()["error"]["message"]
+    assert embed.status_code == 503 and "internal error" in message
+    assert "RuntimeError" not in message and "device lost" not in message
+    late = []
+    llm.on_dead(lambda: late.append(1))   # registered after death: called at once
+    assert late == [1]
     llm.shutdown()
+
+
+def test_failed_steps_whose_self_test_passes_keep_serving(fake):
+    """Step failures caused by what was in flight (the self-test passes) never stop the
+    loop, however many come in a row."""
+    engine, llm = fake
+
+    async def main():
+        for i in range(5):
+            steps = engine.stats.num_steps
+            engine.failing_steps = 1
+            with pytest.raises(RuntimeError):
+                await llm.encode("p", None, f"x{i}")
+            while engine.stats.num_steps == steps:  # the self-test's step
+                await asyncio.sleep(0.001)
+        return await llm.encode("p", None, "y")
+    assert asyncio.run(main()).request_id == "y"
+    assert llm.is_alive
 
 
 def test_shutdown_fails_waiting_requests():

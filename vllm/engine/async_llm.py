@@ -41,14 +41,14 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 from vllm.config.model import resolve_device
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
+from vllm.pooling_params import PoolingParams
 from vllm.worker.cpu_env import share_heap_across_threads
 
 logger = init_logger(__name__)
 
 _T = TypeVar("_T")
-# A step that raises fails the requests in it; this many failures in a row mean the
-# engine itself is broken (e.g. the device is gone) and the loop stops.
-MAX_CONSECUTIVE_STEP_FAILURES = 3
+# The prompt of the self-test run alone after a failed step (see `_engine_works`).
+SELF_TEST_TEXT = "hello"
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,7 @@ class AsyncLLM:
         self._aborts: list[str] = []
         self._stopping = False
         self._error: Optional[BaseException] = None
+        self._dead_callbacks: list[Callable[[], None]] = []
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix="vllm-tokenizer")
         self._thread = threading.Thread(target=self._run, args=(build,),
@@ -135,8 +136,19 @@ class AsyncLLM:
     @property
     def dead_error(self) -> EngineDeadError:
         if self._error is not None:
-            return EngineDeadError(f"The engine loop stopped after an error: {self._error!r}")
+            return EngineDeadError("The engine stopped after an internal error and can no "
+                                   "longer serve; the server is shutting down.")
         return EngineDeadError("The engine is not running (it was shut down).")
+
+    def on_dead(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the engine thread) once the loop has died of an error and
+        every request in flight has been failed; at once if it already has. The server
+        uses it to exit non-zero, so that a supervisor restarts it."""
+        with self._cv:
+            if self._error is None:
+                self._dead_callbacks.append(callback)
+                return
+        callback()
 
     @property
     def stats(self) -> Any:
@@ -235,7 +247,6 @@ class AsyncLLM:
             finally:
                 self._built.set()
         busy = False
-        failures = 0
         try:
             while True:
                 with self._cv:
@@ -252,19 +263,21 @@ class AsyncLLM:
                 finished = 0
                 try:
                     finished = self._step()
-                    failures = 0
-                except Exception as exc:
-                    failures += 1
-                    if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
-                        raise
+                except Exception as exc:  # fails the step's requests; the engine goes on
                     self._fail_in_flight(exc)
+                    if not self._engine_works():
+                        raise
                 busy = self.engine.has_unfinished_requests()
                 if finished and not busy and self._window is not None:
                     self._await_arrivals(finished)
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")
-            self._error = exc
+            with self._cv:
+                self._error = exc
+                callbacks, self._dead_callbacks = self._dead_callbacks, []
             self._fail_all(self.dead_error)
+            for callback in callbacks:
+                callback()
 
     def _admit(self, aborts: list[str], new: list[tuple[str, _Pending]]) -> None:
         """Apply aborts, tokenize the new texts in one batch, then add the new requests; a
@@ -276,9 +289,14 @@ class AsyncLLM:
                 logger.debug("Abort of finished request(s) %s ignored.", aborts)
         texts = [p for _, p in new if isinstance(p.prompt, TextPrompt)]
         if texts:
-            for p, tokenized in zip(texts, self.engine.processor.tokenize_texts(
-                    [p.prompt for p in texts])):
-                p.prompt = tokenized
+            try:  # a text the tokenizer refuses fails alone (as a ValueError in its place)
+                tokenized = self.engine.processor.tokenize_texts([p.prompt for p in texts])
+            except Exception:  # never expected; still no request may stop the loop
+                logger.exception("Tokenizing %d texts failed.", len(texts))
+                tokenized = [ValueError("The tokenizer could not encode this text.")] * \
+                    len(texts)
+            for p, result in zip(texts, tokenized):
+                p.prompt = result
         for rid, pending in new:
             try:
                 if isinstance(pending.prompt, ValueError):
@@ -319,6 +337,26 @@ class AsyncLLM:
             with self._cv:  # nothing could be scheduled: do not spin
                 self._cv.wait(0.005)
         return len(outputs)
+
+    def _engine_works(self) -> bool:
+        """After a failed step, whose requests have all been failed: run one short request
+        alone. When it succeeds, the failure came from what was in flight and the engine
+        serves on (no request's content can stop it); when it fails too, the engine itself
+        is broken (e.g. the device is gone) and the loop stops."""
+        engine = self.engine
+        rid = f"vllm-self-test-{time.monotonic_ns()}"
+        try:
+            params = PoolingParams()
+            params.task = next(iter(self.model_config.supported_tasks))
+            engine.add_request(rid, engine.processor.tokenize_prompt(SELF_TEST_TEXT), params)
+            for _ in range(self.model_config.max_model_len + 1):
+                if any(o.request_id == rid for o in engine.step()):
+                    logger.info("The engine passed its self-test after a failed step; "
+                                "serving on.")
+                    return True
+        except Exception:
+            logger.exception("The engine failed its self-test after a failed step.")
+        return False
 
     def _fail_in_flight(self, error: Exception) -> None:
         """A step raised: fail (and abort) the requests inside the engine, keep serving."""

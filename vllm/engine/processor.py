@@ -8,8 +8,36 @@ from typing import Any, Optional, Union
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from vllm.config.model import ModelConfig
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 PromptType = Union[str, list[int], dict[str, Any]]
+
+
+class InvalidTextError(ValueError):
+    """A text that is not valid Unicode (a lone UTF-16 surrogate): no tokenizer can encode
+    it, and Hugging Face's raises a TypeError deep inside instead of saying so."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_text(text: str, field: str = "input") -> str:
+    """`text` unchanged, or InvalidTextError naming `field` when it holds a lone surrogate
+    (JSON's "\\ud800" or the raw bytes ED A0 80 both decode to one)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        raise InvalidTextError(
+            f"`{field}` is not valid Unicode text: it holds a lone UTF-16 surrogate "
+            f"(U+{char:04X} at character {exc.start}); send text encoded as UTF-8.",
+            field) from None
+    return text
 
 
 @dataclass
@@ -41,7 +69,8 @@ class InputProcessor:
         # do_lower_case attribute set after loading.
         self.lower_case = bool(model_config.st_config and model_config.st_config.do_lower_case)
 
-    def _text(self, text: str) -> str:
+    def _text(self, text: str, field: str = "input") -> str:
+        check_text(text, field)
         return text.lower() if self.lower_case else text
 
     def clone(self) -> "InputProcessor":
@@ -124,7 +153,7 @@ class InputProcessor:
         for truncate, idx in groups.items():
             try:
                 done = self.tokenize_many([prompts[i].text for i in idx], truncate)
-            except ValueError:  # find the culprit(s): one text at a time
+            except Exception:  # find the culprit(s): one text at a time
                 done = [self._try_one(prompts[i].text, truncate) for i in idx]
             for i, result in zip(idx, done):
                 out[i] = result
@@ -136,12 +165,16 @@ class InputProcessor:
             return self.tokenize_prompt(text, truncate)
         except ValueError as exc:
             return exc
+        except Exception:  # the tokenizer itself failed on this text: it fails alone
+            logger.exception("The tokenizer failed on a %d-character text.", len(text))
+            return ValueError("The tokenizer could not encode this text.")
 
     def tokenize_pair(self, text_1: str, text_2: str,
                       truncate_prompt_tokens: Optional[int] = None) -> TokenizedPrompt:
         """A cross-encoder pair in the tokenizer's own pair form."""
         trunc = self._truncation(truncate_prompt_tokens)  # longest_first, as upstream
-        enc = self.tokenizer(self._text(text_1), self._text(text_2), **trunc)
+        enc = self.tokenizer(self._text(text_1, "text_1"), self._text(text_2, "text_2"),
+                             **trunc)
         out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         self.check(out)
         return out

@@ -36,8 +36,7 @@ def limit_openmp_spin() -> bool:
 
 def _serve(args: argparse.Namespace) -> int:
     from vllm.entrypoints.openai.api_server import run_server
-    run_server(args)
-    return 0
+    return run_server(args)
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -252,8 +252,10 @@ def freeze_startup_heap() -> None:
                 gc.get_freeze_count())
 
 
-def run_server(args: Any) -> None:
-    """Load the engine, then serve until SIGINT/SIGTERM; always shut the engine down."""
+def run_server(args: Any) -> int:
+    """Load the engine, then serve until SIGINT/SIGTERM; always shut the engine down.
+    Returns the process exit status: 0, or 1 when the engine died (its requests in flight
+    were answered 503 first), so that a supervisor restarts the server, as upstream."""
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
     engine_args = engine_args_from_namespace(args)
     async_llm = AsyncLLM.from_engine_args(engine_args)
@@ -269,10 +271,18 @@ def run_server(args: Any) -> None:
                     ", ".join(app.state.serving.served_routes()))
         scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
         logger.info("Listening on %s://%s:%d", scheme, shown, port)
-        make_server(app, args).run(sockets=[sock])
+        server = make_server(app, args)
+        async_llm.on_dead(lambda: _exit_after_engine_death(server))
+        server.run(sockets=[sock])
     finally:
         async_llm.shutdown()
         logger.info("Server stopped.")
+    return 1 if async_llm.errored else 0
+
+
+def _exit_after_engine_death(server: uvicorn.Server) -> None:
+    logger.error("The engine died; the server stops (exit status 1) so that it is restarted.")
+    server.should_exit = True  # uvicorn's main loop reads it; in-flight answers drain
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from http import HTTPStatus
 from typing import Any, Optional
 
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm.engine.async_llm import EngineDeadError
+from vllm.engine.processor import InvalidTextError
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -49,6 +51,15 @@ def bad_request(message: str, param: Optional[str] = None) -> APIError:
     return APIError(400, message, param)
 
 
+def internal_error(what: str) -> APIError:
+    """A 500 whose message carries an error id and no internals: the exception being
+    handled (type, message, traceback) goes to the log under the same id."""
+    error_id = f"err-{random.getrandbits(64):016x}"
+    logger.error("%s [error id %s]", what, error_id, exc_info=True)
+    return APIError(500, f"{what} The error id is {error_id}; the server log has the "
+                    "details.")
+
+
 def error_body(status: int, message: str, param: Optional[str] = None) -> dict[str, Any]:
     etype = ERROR_TYPES.get(status)
     if etype is None:
@@ -79,6 +90,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     """A short, readable message (and the offending top-level field) from pydantic errors."""
     errors = list(exc.errors())
     for err in errors:
+        if isinstance((err.get("ctx") or {}).get("error"), InvalidTextError):
+            return str(err["ctx"]["error"]), str(err["loc"][1])
         if err.get("type") == "json_invalid":
             detail = (err.get("ctx") or {}).get("error", "")
             return f"Malformed JSON body: {detail}".rstrip(": "), None
@@ -145,7 +158,35 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _value(_: Request, exc: ValueError) -> JSONResponse:
         return error_response(400, str(exc))
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("Unhandled error while serving a request")
-        return error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")
+    app.add_middleware(InternalErrorMiddleware)
+
+
+class InternalErrorMiddleware:
+    """Any exception a handler did not map is a 500 with an error id (see `internal_error`),
+    answered here and not re-raised: Starlette's own last-resort handler re-raises after
+    answering, and uvicorn then reset the connection before the client read the 500."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            err = internal_error("Internal server error.")
+            if started:  # too late for a status: the connection just closes
+                return
+            body = error_bytes(err.status, err.message)
+            await send({"type": "http.response.start", "status": err.status,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

@@ -4,10 +4,23 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr,
+                      ValidationInfo, field_validator)
+from typing_extensions import Annotated
 
+from vllm.engine.processor import check_text
+
+
+def _valid_text(value: str, info: ValidationInfo) -> str:
+    return check_text(value, info.field_name or "input")
+
+
+# Every text field of a request: a string that is valid Unicode. A lone UTF-16 surrogate
+# ("\ud800" in JSON, or the raw bytes ED A0 80) is a 400 naming the field here, before it
+# can reach a tokenizer (which raises a TypeError on it).
+Text = Annotated[StrictStr, AfterValidator(_valid_text)]
 # A single prompt, a batch of prompts, one token-id list or a batch of token-id lists.
-PromptInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+PromptInput = Union[Text, list[Text], list[StrictInt], list[list[StrictInt]]]
 # Truncation: -1 = max_model_len, k >= 1 = keep k tokens (checked against the model later).
 # Scalar numbers and flags validate in pydantic's lax mode, as upstream's plain `int` / `bool`
 # fields do ("5" -> 5, "false" -> False); texts and token lists stay strict.
@@ -37,11 +50,11 @@ class EngineRequest(OpenAIBaseModel):
 
 
 class EmbeddingRequest(EngineRequest):
-    model: Optional[StrictStr] = None
+    model: Optional[Text] = None
     input: PromptInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None
-    user: Optional[StrictStr] = None
+    user: Optional[Text] = None
     truncate_prompt_tokens: TruncateTokens = None
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
@@ -55,9 +68,9 @@ class PoolingRequest(EmbeddingRequest):
 
 
 class ClassificationRequest(EngineRequest):
-    model: Optional[StrictStr] = None
+    model: Optional[Text] = None
     input: PromptInput
-    user: Optional[StrictStr] = None
+    user: Optional[Text] = None
     truncate_prompt_tokens: TruncateTokens = None
     add_special_tokens: bool = True
     activation: Optional[bool] = None
@@ -65,18 +78,18 @@ class ClassificationRequest(EngineRequest):
 
 
 class ScoreRequest(EngineRequest):
-    model: Optional[StrictStr] = None
-    text_1: Union[StrictStr, list[StrictStr]]
-    text_2: Union[StrictStr, list[StrictStr]]
+    model: Optional[Text] = None
+    text_1: Union[Text, list[Text]]
+    text_2: Union[Text, list[Text]]
     truncate_prompt_tokens: TruncateTokens = None
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None
 
 
 class RerankRequest(EngineRequest):
-    model: Optional[StrictStr] = None
-    query: StrictStr
-    documents: list[StrictStr]
+    model: Optional[Text] = None
+    query: Text
+    documents: list[Text]
     top_n: int = 0  # 0, negative or more than the documents: all of them
     return_documents: bool = True
     truncate_prompt_tokens: TruncateTokens = None
@@ -85,14 +98,14 @@ class RerankRequest(EngineRequest):
 
 
 class TokenizeRequest(OpenAIBaseModel):
-    model: Optional[StrictStr] = None
-    prompt: StrictStr
+    model: Optional[Text] = None
+    prompt: Text
     add_special_tokens: bool = True
     return_token_strs: bool = False
 
 
 class DetokenizeRequest(OpenAIBaseModel):
-    model: Optional[StrictStr] = None
+    model: Optional[Text] = None
     tokens: list[StrictInt]
 
 

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.processor import TextPrompt
-from vllm.entrypoints.openai.errors import APIError, ClientDisconnected, bad_request
+from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
+                                           internal_error)
 from vllm.pooling_params import PoolingParams
 
 # Which engine task each pooling route needs; the other routes work for every model.
@@ -164,7 +165,7 @@ class ServingContext:
                 prompts, truncate_prompt_tokens=self.check_truncation(truncate),
                 add_special_tokens=add_special_tokens)
         except ValueError as exc:
-            raise bad_request(str(exc), param) from exc
+            raise bad_request(str(exc), getattr(exc, "field", param)) from exc
 
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
                              truncate: Optional[int]) -> list[Any]:
@@ -172,7 +173,7 @@ class ServingContext:
             return await self.engine.tokenize_pairs(
                 pairs, truncate_prompt_tokens=self.check_truncation(truncate))
         except ValueError as exc:
-            raise bad_request(str(exc)) from exc
+            raise bad_request(str(exc), getattr(exc, "field", None)) from exc
 
     # ----- running --------------------------------------------------------------------
     async def run(self, request: Request, prompts: Sequence[Any], params: PoolingParams,
@@ -203,9 +204,9 @@ class ServingContext:
         except EngineDeadError as exc:
             raise APIError(503, str(exc)) from exc
         except ValueError as exc:
-            raise bad_request(str(exc), param) from exc
+            raise bad_request(str(exc), getattr(exc, "field", param)) from exc
         except Exception as exc:  # the engine failed while computing these prompts
-            raise APIError(500, f"The engine failed on this request: {exc!r}") from exc
+            raise internal_error("The engine failed on this request.") from exc
         finally:
             if watcher is not None:
                 watcher.cancel()

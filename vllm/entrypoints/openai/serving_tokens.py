@@ -5,6 +5,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from vllm.engine.processor import check_text
 from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
                                               TokenizeRequest, TokenizeResponse)
@@ -21,7 +22,8 @@ class ServingTokens:
         tokenizer = engine.tokenizer
 
         def work() -> tuple[list[int], Any]:
-            ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = tokenizer.encode(check_text(body.prompt, "prompt"),
+                                   add_special_tokens=body.add_special_tokens)
             strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
             return ids, strs
         ids, strs = await engine.run_in_tokenizer_thread(work)

@@ -1,0 +1,121 @@
+"""Hostile input never stops the engine: lone surrogates in every text field are a 400
+naming the field, internal failures are a 500 with an error id and no internals, and a
+canary request after the hostile ones is still answered correctly."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+LONE = "\\ud800"          # JSON's escape for a lone high surrogate
+RAW = b"\xed\xa0\x80"      # the same code point as raw (invalid UTF-8) bytes
+
+
+def _post_raw(server, path: str, body: bytes):
+    return server.client.post(path, content=body,
+                              headers={"content-type": "application/json"})
+
+
+def _assert_text_error(response, param: str) -> None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "BadRequestError"
+    assert error["code"] == 400
+    assert "lone UTF-16 surrogate" in error["message"] and f"`{param}`" in error["message"]
+
+
+def _canary(server, reference: list[float]) -> None:
+    assert server.client.get("/health").status_code == 200
+    got = server.post("/v1/embeddings", {"input": "hello there"}).json()["data"][0]
+    np.testing.assert_allclose(got["embedding"], reference, atol=1e-5)
+
+
+EMBED_BODIES = [
+    ("/v1/embeddings", '{"input": "%s"}', "input"),
+    ("/v1/embeddings", '{"input": ["fine", "x%s"]}', "input"),
+    ("/v1/embeddings", '{"input": "%s", "add_special_tokens": false}', "input"),
+    ("/v1/embeddings", '{"input": "ok", "model": "%s"}', "model"),
+    ("/v1/embeddings", '{"input": "ok", "user": "%s"}', "user"),
+    ("/pooling", '{"input": "a%sb"}', "input"),
+    ("/score", '{"text_1": "%s", "text_2": "b"}', "text_1"),
+    ("/score", '{"text_1": "a", "text_2": ["b", "%s"]}', "text_2"),
+    ("/rerank", '{"query": "%s", "documents": ["b"]}', "query"),
+    ("/v1/rerank", '{"query": "a", "documents": ["b", "%s"]}', "documents"),
+    ("/tokenize", '{"prompt": "%s"}', "prompt"),
+]
+
+
+@pytest.mark.parametrize("encoding", ["escape", "raw"])
+def test_lone_surrogates_are_a_400_naming_the_field(minilm, minilm_llm, encoding):
+    reference = minilm_llm.embed(["hello there"])[0].outputs.embedding
+    for path, template, param in EMBED_BODIES:
+        body = (template % LONE).encode() if encoding == "escape" else \
+            template.replace("%s", "\x00").encode().replace(b"\x00", RAW)
+        _assert_text_error(_post_raw(minilm, path, body), param)
+    _canary(minilm, reference)
+
+
+def test_lone_surrogates_on_cross_encoder_routes(cross_encoder):
+    for path, body, param in [
+            ("/classify", '{"input": ["a", "%s"]}', "input"),
+            ("/score", '{"text_1": "q", "text_2": ["%s"]}', "text_2"),
+            ("/rerank", '{"query": "q%s", "documents": ["d"]}', "query"),
+            ("/v2/rerank", '{"query": "q", "documents": ["%s"]}', "documents")]:
+        _assert_text_error(_post_raw(cross_encoder, path, (body % LONE).encode()), param)
+    ok = cross_encoder.post("/rerank", {"query": "q", "documents": ["d", "e"]})
+    assert ok.status_code == 200 and len(ok.json()["results"]) == 2
+    assert cross_encoder.client.get("/health").status_code == 200
+
+
+def test_offline_api_names_the_bad_text(minilm_llm):
+    with pytest.raises(ValueError, match="lone UTF-16 surrogate .U\\+DFFF at character 1"):
+        minilm_llm.embed(["fine", "a\udfffb"])
+    assert len(minilm_llm.embed(["fine"])[0].outputs.embedding) == 384
+
+
+def test_engine_loop_survives_a_tokenizer_that_raises(minilm, minilm_engine, minilm_llm,
+                                                      monkeypatch):
+    """Whatever the batch tokenizer raises on the engine thread (here a TypeError, as Hugging
+    Face's does on surrogates) fails only the texts it was given, never the loop."""
+    reference = minilm_llm.embed(["hello there"])[0].outputs.embedding
+    processor = minilm_engine.engine.processor
+    real = processor.tokenizer
+
+    class Exploding:
+        def __call__(self, texts, *a, **k):
+            if any("boom" in t for t in ([texts] if isinstance(texts, str) else texts)):
+                raise TypeError("TextEncodeInput must be Union[...] (internal)")
+            return real(texts, *a, **k)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+    monkeypatch.setattr(processor, "tokenizer", Exploding())
+    bad = minilm.post("/v1/embeddings", {"input": ["boom", "fine"]})
+    assert bad.status_code == 400, bad.text
+    assert "TypeError" not in bad.text and "TextEncodeInput" not in bad.text
+    assert minilm_engine.is_alive
+    monkeypatch.undo()
+    _canary(minilm, reference)
+
+
+def test_internal_errors_carry_an_id_and_no_internals(cross_encoder, monkeypatch, caplog):
+    """A failure that is not the input's fault is a 500 whose message has an error id and no
+    exception type, text or path; the log has the detail under the same id."""
+    engine = cross_encoder.engine
+
+    def broken(*args, **kwargs):
+        raise KeyError("/secret/path/tokenizer.json")
+    monkeypatch.setattr(engine.processor, "tokenize_pair", broken)
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)  # to caplog
+    with caplog.at_level(logging.ERROR):
+        response = cross_encoder.post("/score", {"text_1": "a", "text_2": "b"})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "InternalServerError" and error["code"] == 500
+    for leak in ("KeyError", "secret", "tokenizer.json"):
+        assert leak not in error["message"]
+    error_id = error["message"].split("error id is ")[1].split(";")[0]
+    assert any(error_id in r.getMessage() and r.exc_info for r in caplog.records)
+    monkeypatch.undo()
+    assert cross_encoder.post("/score", {"text_1": "a", "text_2": "b"}).status_code == 200
