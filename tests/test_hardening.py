@@ -4,9 +4,13 @@ canary request after the hostile ones is still answered correctly."""
 from __future__ import annotations
 
 import logging
+import socket
+import time
 
 import numpy as np
 import pytest
+
+from servers import Server
 
 LONE = "\\ud800"          # JSON's escape for a lone high surrogate
 RAW = b"\xed\xa0\x80"      # the same code point as raw (invalid UTF-8) bytes
@@ -119,3 +123,110 @@ def test_internal_errors_carry_an_id_and_no_internals(cross_encoder, monkeypatch
     assert any(error_id in r.getMessage() and r.exc_info for r in caplog.records)
     monkeypatch.undo()
     assert cross_encoder.post("/score", {"text_1": "a", "text_2": "b"}).status_code == 200
+
+
+# ----- the HTTP edge ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def edge(minilm_engine):
+    """MiniLM behind a 1 s body deadline, a 64 KiB body limit and a CORS origin list."""
+    server = Server(minilm_engine, served_model_name=["minilm"], body_read_timeout=1.0,
+                    max_request_body_bytes=65536, allowed_origins=["https://app.example"])
+    yield server
+    server.close()
+
+
+def _raw(server, request: bytes, body_chunks=(), pause: float = 0.0) -> bytes:
+    """Send raw bytes on a fresh connection; return everything the server answers."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        try:
+            for chunk in body_chunks:
+                sock.sendall(chunk)
+                time.sleep(pause)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        while b"\r\n\r\n" not in answer or not _complete(answer):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    return answer
+
+
+def _complete(answer: bytes) -> bool:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+              if line.startswith(b"content-length:")]
+    return bool(length) and len(body) >= length[0]
+
+
+def test_a_body_that_never_arrives_is_a_408(edge):
+    start = time.monotonic()
+    answer = _raw(edge, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"--body-read-timeout" in answer and time.monotonic() - start < 8
+    assert edge.post("/v1/embeddings", {"input": "canary"}).status_code == 200
+
+
+def test_an_oversized_body_gets_its_413_not_a_reset(edge):
+    """The client keeps sending a body over the limit: it still reads the 413."""
+    size = 3 * 65536
+    head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {size}\r\n\r\n").encode()
+    for _ in range(5):
+        answer = _raw(edge, head, [b"x" * 16384] * (size // 16384))
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"PayloadTooLargeError" in answer
+
+
+def test_a_trailing_slash_serves_the_route_and_never_redirects(edge):
+    response = edge.client.post("/v1/embeddings/", json={"input": "a"},
+                                headers={"Host": "evil.example"})
+    assert response.status_code == 200 and "location" not in response.headers
+    assert len(response.json()["data"][0]["embedding"]) == 384
+    assert edge.client.get("/health/").status_code == 200
+
+
+def test_cors_preflight_and_headers(edge):
+    preflight = edge.client.options("/v1/embeddings", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,authorization"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    other = edge.client.options("/v1/embeddings", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert other.status_code == 400
+    simple = edge.client.post("/v1/embeddings", json={"input": "a"},
+                              headers={"Origin": "https://app.example"})
+    assert simple.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_cors_default_allows_any_origin(minilm):
+    response = minilm.client.post("/v1/embeddings", json={"input": "a"},
+                                  headers={"Origin": "https://anywhere.example"})
+    assert response.headers["access-control-allow-origin"] == "*"
+
+
+@pytest.mark.parametrize("method,body", [("POST", b'{"input": '), ("POST", b'{"input": "a"}'),
+                                         ("GET", None)])
+def test_an_unsupported_route_is_404_before_the_body(minilm, method, body):
+    response = minilm.client.request(method, "/classify", content=body,
+                                     headers={"content-type": "application/json"})
+    assert response.status_code == 404, response.text
+    assert "POST /v1/embeddings" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_post_that_is_not_json_is_a_400(minilm, ctype):
+    headers = {} if ctype is None else {"content-type": ctype}
+    response = minilm.client.post("/v1/embeddings", content=b'{"input": "a"}',
+                                  headers=headers)
+    assert response.status_code == 400
+    assert "Only 'application/json' is allowed" in response.json()["error"]["message"]
+    ok = minilm.client.post("/v1/embeddings", content=b'{"input": "a"}',
+                            headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200

@@ -363,7 +363,7 @@ def test_api_key_and_body_limit(secured):
         (lambda: secured.post("/v1/embeddings", {"input": "x" * 5000}, headers=auth), 413),
         (lambda: secured.client.post(  # chunked: no Content-Length, counted while reading
             "/v1/embeddings", content=iter([b'{"input": "', b"y" * 5000, b'"}']),
-            headers=auth), 413),
+            headers={**auth, "content-type": "application/json"}), 413),
     ]
     for send, status in cases:
         _assert_error(send(), status)

@@ -2,126 +2,29 @@
 from __future__ import annotations
 
 import gc
-import hmac
 import signal
 import socket
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
 from vllm.engine.async_llm import AsyncLLM
 from vllm.entrypoints.openai import (serving_models, serving_pooling, serving_score,
                                      serving_tokens)
-from vllm.entrypoints.openai.errors import error_bytes, error_response, install_error_handlers
+from vllm.entrypoints.openai.errors import error_response, install_error_handlers
+from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
+                                               DEFAULT_MAX_REQUEST_BODY_BYTES, AuthMiddleware,
+                                               RequestEdge)
 from vllm.entrypoints.openai.metrics import MetricsMiddleware, ServerMetrics
 from vllm.entrypoints.openai.serving_engine import COMMON_ROUTES, ROUTE_TASKS, ServingContext
 from vllm.logger import init_logger
 from vllm.version import __version__
 
 logger = init_logger(__name__)
-
-DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
-# Reachable without an API key, so probes and scrapers need no secret.
-UNAUTHENTICATED_PATHS = frozenset({"/health", "/metrics"})
-
-
-async def _send_error(send: Callable, status: int, message: str,
-                      headers: Optional[list[tuple[bytes, bytes]]] = None) -> None:
-    body = error_bytes(status, message)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class AuthMiddleware:
-    """`Authorization: Bearer <key>` on every route but /health and /metrics."""
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope.get("path") not in UNAUTHENTICATED_PATHS:
-            given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
-                what = "is missing" if not given else "is invalid"
-                await _send_error(send, 401, f"The API key {what}: send the header "
-                                  "`Authorization: Bearer <key>`.",
-                                  [(b"www-authenticate", b"Bearer")])
-                return
-        await self.app(scope, receive, send)
-
-
-class RequestBodyMiddleware:
-    """Read the body under the size limit (413 by Content-Length or while reading), then
-    replay it to the app. Every POST route takes JSON, so a body sent with curl's default
-    form content type (or none) is read as JSON."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = (f"The request body is larger than the server's limit of {self.max_bytes} "
-                     "bytes (--max-request-body-bytes).")
-        declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), None)
-        if declared is not None:
-            try:
-                length = int(declared)
-            except ValueError:
-                await _send_error(send, 400, "The Content-Length header is not a number.")
-                return
-            if length > self.max_bytes:
-                await _send_error(send, 413, too_large)
-                return
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client disconnected before sending its body
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            if total > self.max_bytes:
-                await _send_error(send, 413, too_large)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-        if scope.get("method") == "POST":
-            scope = _as_json(scope)
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # afterwards: wait for the disconnect, as ASGI does
-        await self.app(scope, replay, send)
-
-
-_JSON_COMPATIBLE = (b"", b"application/x-www-form-urlencoded", b"text/plain")
-
-
-def _as_json(scope: dict) -> dict:
-    headers = list(scope.get("headers", ()))
-    ctype = next((v for k, v in headers if k == b"content-type"), b"")
-    if ctype.split(b";")[0].strip().lower() not in _JSON_COMPATIBLE:
-        return scope
-    headers = [(k, v) for k, v in headers if k != b"content-type"]
-    headers.append((b"content-type", b"application/json"))
-    return {**scope, "headers": headers}
-
 
 def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
     """The FastAPI app serving `async_llm` (None: every engine route answers 503).
@@ -170,13 +73,26 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
+    _add_edge(app, ctx, args)
+    return app
+
+
+def _add_edge(app: FastAPI, ctx: ServingContext, args: Any) -> None:
+    """The HTTP edge (`http_edge`), added innermost first."""
     max_bytes = getattr(args, "max_request_body_bytes", None) or DEFAULT_MAX_REQUEST_BODY_BYTES
-    app.add_middleware(RequestBodyMiddleware, max_bytes=int(max_bytes))
+    timeout = getattr(args, "body_read_timeout", None) or DEFAULT_BODY_READ_TIMEOUT_S
+    app.add_middleware(RequestEdge, max_bytes=int(max_bytes), timeout_s=float(timeout),
+                       route_error=ctx.route_error)
     api_key = getattr(args, "api_key", None)
     if api_key:
         app.add_middleware(AuthMiddleware, api_key=api_key)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return app
+    app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
+    # As upstream: any origin by default, so browsers can call the server.
+    app.add_middleware(CORSMiddleware,
+                       allow_origins=getattr(args, "allowed_origins", None) or ["*"],
+                       allow_methods=getattr(args, "allowed_methods", None) or ["*"],
+                       allow_headers=getattr(args, "allowed_headers", None) or ["*"],
+                       allow_credentials=bool(getattr(args, "allow_credentials", False)))
 
 
 class _Server(uvicorn.Server):

@@ -41,8 +41,7 @@ _IGNORED_SERVER_FLAGS = {
     "disable_fastapi_docs": False, "enable_prompt_tokens_details": False,
     "enable_server_load_tracking": False, "return_tokens_as_token_ids": False,
     "enable_auto_tool_choice": False, "tool_call_parser": True, "chat_template": True,
-    "response_role": True, "allowed_origins": True, "allowed_methods": True,
-    "allowed_headers": True, "allow_credentials": False, "middleware": True,
+    "response_role": True, "middleware": True,
     "max_log_len": True,
 }
 
@@ -100,6 +99,17 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
                         help="Largest accepted request body; larger ones get 413 "
                         "(default 32 MiB).")
+    server.add_argument("--body-read-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="A request body that has not fully arrived after this long is "
+                        "answered 408 (default 30).")
+    server.add_argument("--allowed-origins", type=json.loads, default=["*"], metavar="JSON",
+                        help='CORS: allowed origins, a JSON list (default ["*"]).')
+    server.add_argument("--allowed-methods", type=json.loads, default=["*"], metavar="JSON",
+                        help='CORS: allowed methods, a JSON list (default ["*"]).')
+    server.add_argument("--allowed-headers", type=json.loads, default=["*"], metavar="JSON",
+                        help='CORS: allowed headers, a JSON list (default ["*"]).')
+    server.add_argument("--allow-credentials", action="store_true",
+                        help="CORS: allow credentials (cookies, Authorization).")
     server.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="Log level of uvicorn (the HTTP server).")

@@ -98,6 +98,17 @@ class ServingContext:
             f"{', '.join(supported)}). The routes this model serves: "
             f"{', '.join(self.served_routes())}.")
 
+    def route_error(self, path: str) -> Optional[str]:
+        """Why the served model cannot serve the pooling route `path` (the body of a 404
+        answered before the request body is read), or None."""
+        if path not in ROUTE_TASKS or self._engine is None or not self._engine.is_alive:
+            return None
+        try:
+            self.task_for(path)
+        except APIError as exc:
+            return exc.message
+        return None
+
     def route_guard(self, route: str) -> Any:
         """A dependency that answers 503/404 before the body is validated (async, so
         FastAPI runs it on the event loop rather than hopping to a worker thread)."""

@@ -1,0 +1,164 @@
+"""The HTTP edge: what happens to a request before any route sees it.
+
+Outermost first: CORS (a browser's preflight is answered before the API key is asked
+for), the API key, metrics, then `RequestEdge`: one trailing slash dropped (never a
+redirect to a client-chosen Host), a route the model cannot serve answered 404 before its
+body is read, a POST body that is not JSON refused, and the body read under a size limit
+(413) and a deadline (408), then replayed to the app.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import Any, Callable, Optional
+
+from vllm.entrypoints.openai.errors import error_bytes
+
+# Reachable without an API key, so probes and scrapers need no secret.
+UNAUTHENTICATED_PATHS = frozenset({"/health", "/metrics"})
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_BODY_READ_TIMEOUT_S = 30.0
+# A body over the limit is read and dropped (so the client, still sending, sees the 413
+# instead of a connection reset) up to this many times the limit; past it the connection
+# is closed.
+DRAIN_FACTOR = 4
+
+
+async def send_error(send: Callable, status: int, message: str,
+                     headers: Optional[list[tuple[bytes, bytes]]] = None,
+                     param: Optional[str] = None) -> None:
+    body = error_bytes(status, message, param)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: dict, name: bytes) -> Optional[bytes]:
+    return next((v for k, v in scope.get("headers", ()) if k == name), None)
+
+
+class AuthMiddleware:
+    """`Authorization: Bearer <key>` on every route but /health and /metrics."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope.get("path") not in UNAUTHENTICATED_PATHS:
+            given = _header(scope, b"authorization") or b""
+            if not hmac.compare_digest(given, self.expected):
+                what = "is missing" if not given else "is invalid"
+                await send_error(send, 401, f"The API key {what}: send the header "
+                                 "`Authorization: Bearer <key>`.",
+                                 [(b"www-authenticate", b"Bearer")])
+                return
+        await self.app(scope, receive, send)
+
+
+class _BodyTimeout(Exception):
+    pass
+
+
+class RequestEdge:
+    """Path, route and body checks before the app (see the module docstring).
+
+    `route_error(path)` returns a message when the served model cannot serve `path` (a
+    404 for any method, before the body is read), else None."""
+
+    def __init__(self, app: Any, max_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+                 timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S,
+                 route_error: Callable[[str], Optional[str]] = lambda path: None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.route_error = route_error
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope = _without_trailing_slash(scope)
+        missing = self.route_error(scope["path"])
+        if missing is not None:
+            await send_error(send, 404, missing)
+            return
+        if scope.get("method") == "POST" and not _is_json(scope):
+            await send_error(send, 400, "Unsupported Media Type: Only 'application/json' is "
+                             "allowed (send the header `Content-Type: application/json`).")
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and not declared.strip().isdigit():
+            await send_error(send, 400, "The Content-Length header is not a number.")
+            return
+        try:
+            read = await self._read(receive, int(declared) if declared else None)
+        except _BodyTimeout:
+            await send_error(send, 408, f"The request body did not arrive within "
+                             f"{self.timeout_s:g} s (--body-read-timeout).",
+                             [(b"connection", b"close")])
+            return
+        if read is None:  # the client disconnected while sending
+            return
+        body, too_large = read
+        if too_large:
+            await send_error(send, 413, f"The request body is larger than the server's limit "
+                             f"of {self.max_bytes} bytes (--max-request-body-bytes).")
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # afterwards: wait for the disconnect, as ASGI does
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Callable,
+                    declared: Optional[int]) -> Optional[tuple[bytes, bool]]:
+        """(the body, whether it is over the limit); None when the client went away. A
+        body over the limit is drained (read and dropped, up to DRAIN_FACTOR times the
+        limit), so that the client, still sending, reads the 413 rather than a reset."""
+        deadline = time.monotonic() + self.timeout_s
+        chunks: list[bytes] = []
+        total = 0
+        too_large = declared is not None and declared > self.max_bytes
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _BodyTimeout()
+            try:
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                raise _BodyTimeout() from None
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            too_large = too_large or total > self.max_bytes
+            if not too_large:
+                chunks.append(chunk)
+            elif total > DRAIN_FACTOR * self.max_bytes:
+                break  # stop draining: the connection closes after the 413
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks), too_large
+
+
+def _without_trailing_slash(scope: dict) -> dict:
+    path = scope.get("path", "")
+    if len(path) > 1 and path.endswith("/"):
+        raw = scope.get("raw_path")
+        return {**scope, "path": path.rstrip("/") or "/",
+                "raw_path": raw.rstrip(b"/") if isinstance(raw, bytes) else raw}
+    return scope
+
+
+def _is_json(scope: dict) -> bool:
+    ctype = (_header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+    return ctype == b"application/json" or (ctype.startswith(b"application/")
+                                            and ctype.endswith(b"+json"))
