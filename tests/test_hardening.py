@@ -230,3 +230,85 @@ def test_a_post_that_is_not_json_is_a_400(minilm, ctype):
     ok = minilm.client.post("/v1/embeddings", content=b'{"input": "a"}',
                             headers={"content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200
+
+
+# ----- compatibility gaps ------------------------------------------------------------------
+@pytest.mark.parametrize("field,value", [("truncation_side", "left"), ("messages", []),
+                                         ("embed_dtype", "float16"),
+                                         ("mm_processor_kwargs", {})])
+def test_upstream_fields_not_implemented_are_refused_by_name(minilm, field, value):
+    response = minilm.post("/v1/embeddings", {"input": "a", field: value})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field and f"`{field}` is not supported" in error["message"]
+    plain_extra = minilm.post("/v1/embeddings", {"input": "a", "something_else": 1})
+    assert plain_extra.status_code == 200
+
+
+def test_request_id_field_names_the_response(minilm):
+    body = minilm.post("/v1/embeddings", {"input": "a", "request_id": "abc123"}).json()
+    assert body["id"] == "embd-abc123"
+
+
+def test_tiktoken_ids_get_the_langchain_hint(minilm):
+    response = minilm.post("/v1/embeddings", {"input": [[8134, 1917, 100264]]})
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "out of vocabulary (vocab size 30522)" in message
+    assert "check_embedding_ctx_length=False" in message
+    negative = minilm.post("/v1/embeddings", {"input": [[101, -3]]}).json()["error"]
+    assert "check_embedding_ctx_length" not in negative["message"]
+
+
+def test_too_long_input_keeps_upstream_wording(minilm):
+    error = minilm.post("/v1/embeddings", {"input": "word " * 600}).json()["error"]
+    assert "maximum context length is 256 tokens" in error["message"]
+    assert "Please reduce the length of the input prompt" in error["message"]
+
+
+@pytest.mark.parametrize("names", [("text_1", "text_2"), ("queries", "documents"),
+                                   ("queries", "items"), ("data_1", "data_2")])
+def test_score_spellings_give_the_same_answer(cross_encoder, names):
+    want = cross_encoder.post("/score", {"text_1": "q", "text_2": ["d1", "d2"]}).json()
+    got = cross_encoder.post("/score", {names[0]: "q", names[1]: ["d1", "d2"]}).json()
+    assert [d["score"] for d in got["data"]] == [d["score"] for d in want["data"]]
+    rerank = cross_encoder.post("/rerank", {names[0]: "q", names[1]: ["d1", "d2"]}).json()
+    assert sorted(r["relevance_score"] for r in rerank["results"]) == \
+        sorted(d["score"] for d in want["data"])
+
+
+def test_both_spellings_at_once_are_refused(cross_encoder):
+    response = cross_encoder.post("/score", {"text_1": "q", "queries": "q", "text_2": "d"})
+    assert response.status_code == 400
+    assert "either `text_1` or `queries`" in response.json()["error"]["message"]
+
+
+def test_invocations_dispatch_by_body_shape(minilm, cross_encoder):
+    embed = minilm.post("/invocations", {"input": ["a", "b"]}).json()
+    direct = minilm.post("/v1/embeddings", {"input": ["a", "b"]}).json()
+    assert embed["object"] == "list" and embed["id"].startswith("embd-")
+    assert [d["embedding"] for d in embed["data"]] == [d["embedding"] for d in direct["data"]]
+    score = minilm.post("/invocations", {"text_1": "a", "text_2": "b"}).json()
+    assert score["data"][0]["score"] == \
+        minilm.post("/score", {"text_1": "a", "text_2": "b"}).json()["data"][0]["score"]
+    rerank = cross_encoder.post("/invocations", {"query": "q", "documents": ["d"]}).json()
+    assert rerank["id"].startswith("rerank-") and len(rerank["results"]) == 1
+    classify = cross_encoder.post("/invocations", {"input": "x"}).json()
+    assert classify["id"].startswith("classify-")
+    bad = minilm.post("/invocations", {"nothing": 1})
+    assert bad.status_code == 400 and "matches no route" in bad.json()["error"]["message"]
+    invalid = minilm.post("/invocations", {"input": 5})
+    assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "input"
+
+
+def test_pooling_task_field(minilm):
+    embed = minilm.post("/pooling", {"input": "a", "task": "embed"}).json()
+    want = minilm.post("/v1/embeddings", {"input": "a"}).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(embed["data"][0]["data"], want, atol=1e-6)
+    raw = minilm.post("/pooling", {"input": "a"}).json()["data"][0]["data"]
+    assert not np.allclose(raw, want)   # encode: not normalised
+    bad = minilm.post("/pooling", {"input": "a", "task": "classify"})
+    assert bad.status_code == 400
+    error = bad.json()["error"]
+    assert error["param"] == "task"
+    assert error["message"].startswith("Unsupported task: 'classify' Supported tasks:")

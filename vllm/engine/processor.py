@@ -192,8 +192,11 @@ class InputProcessor:
             raise ValueError(
                 f"This model's maximum context length is {self.mc.max_model_len} tokens. "
                 f"However, you requested {len(ids)} tokens in the input for pooling. Please "
-                "reduce the length of the input, or pass truncate_prompt_tokens.")
+                "reduce the length of the input prompt, or pass truncate_prompt_tokens.")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
+            hint = (" If these are tiktoken ids from LangChain's OpenAIEmbeddings, create it "
+                    "with check_embedding_ctx_length=False so that it sends the texts."
+                    if max(bad) >= self.vocab_size else "")
             raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size "
-                             f"{self.vocab_size}).")
+                             f"{self.vocab_size}).{hint}")

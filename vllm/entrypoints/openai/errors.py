@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm.engine.async_llm import EngineDeadError
-from vllm.engine.processor import InvalidTextError
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -90,8 +89,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     """A short, readable message (and the offending top-level field) from pydantic errors."""
     errors = list(exc.errors())
     for err in errors:
-        if isinstance((err.get("ctx") or {}).get("error"), InvalidTextError):
-            return str(err["ctx"]["error"]), str(err["loc"][1])
+        named = (err.get("ctx") or {}).get("error")
+        if isinstance(named, ValueError) and getattr(named, "field", None):
+            return str(named), named.field  # our own errors name their field
         if err.get("type") == "json_invalid":
             detail = (err.get("ctx") or {}).get("error", "")
             return f"Malformed JSON body: {detail}".rstrip(": "), None

@@ -5,7 +5,7 @@ import time
 from typing import Any, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr,
-                      ValidationInfo, field_validator)
+                      ValidationInfo, field_validator, model_validator)
 from typing_extensions import Annotated
 
 from vllm.engine.processor import check_text
@@ -27,6 +27,23 @@ PromptInput = Union[Text, list[Text], list[StrictInt], list[list[StrictInt]]]
 TruncateTokens = Optional[int]
 
 
+# Request fields upstream vLLM acts on that this server does not implement (yet): each is a
+# 400 naming it rather than silently ignored. A field that gets implemented is declared on
+# its request model and so is no longer an "extra" that reaches this check.
+UNSUPPORTED_UPSTREAM_FIELDS = frozenset({
+    "truncation_side", "messages", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "mm_processor_kwargs", "embed_dtype",
+    "endianness", "max_tokens_per_doc", "max_tokens_per_query", "cache_salt",
+    "return_token_ids", "tools", "lora_request"})
+
+
+class UnsupportedFieldError(ValueError):
+    def __init__(self, field: str) -> None:
+        super().__init__(f"`{field}` is not supported by this server; remove it from the "
+                         "request.")
+        self.field = field
+
+
 class OpenAIBaseModel(BaseModel):
     """Unknown request fields are accepted and ignored, as OpenAI clients send extras."""
 
@@ -40,6 +57,7 @@ class EngineRequest(OpenAIBaseModel):
     without `--scheduling-policy priority`."""
 
     priority: int = 0
+    request_id: Optional[Text] = None  # upstream's: the response id's suffix
 
     @field_validator("priority")
     @classmethod
@@ -47,6 +65,15 @@ class EngineRequest(OpenAIBaseModel):
         if value != 0:
             raise ValueError(f"Got priority {value} but Priority scheduling is not enabled.")
         return value
+
+    @model_validator(mode="after")
+    def _no_ignored_upstream_fields(self) -> "EngineRequest":
+        """Unknown fields are ignored, but one that upstream vLLM acts on is refused by name:
+        ignoring it would return an answer the client did not ask for."""
+        given = sorted(UNSUPPORTED_UPSTREAM_FIELDS.intersection(self.model_extra or ()))
+        if given:
+            raise UnsupportedFieldError(given[0])
+        return self
 
 
 class EmbeddingRequest(EngineRequest):
@@ -65,6 +92,7 @@ class PoolingRequest(EmbeddingRequest):
     """`/pooling`: the same fields as embeddings; the raw pooler output comes back."""
 
     softmax: Optional[bool] = None
+    task: Optional[Text] = None  # upstream's: which pooling task runs (default: the model's)
 
 
 class ClassificationRequest(EngineRequest):
@@ -77,19 +105,52 @@ class ClassificationRequest(EngineRequest):
     use_activation: Optional[bool] = None
 
 
+def _aliased(data: Any, names: dict[str, tuple[str, ...]]) -> Any:
+    """`data` with each canonical field filled from its first alias present (upstream's
+    newer spellings); a canonical field and an alias together are refused."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for canonical, aliases in names.items():
+        given = [a for a in aliases if a in data]
+        if canonical in data and given:
+            raise ValueError(f"Give either `{canonical}` or `{given[0]}`, not both.")
+        if given:
+            data[canonical] = data.pop(given[0])
+    return data
+
+
 class ScoreRequest(EngineRequest):
+    """`text_1`/`text_2`, or upstream's newer spellings: `queries` with `documents` or
+    `items`, and `data_1`/`data_2`."""
+
     model: Optional[Text] = None
     text_1: Union[Text, list[Text]]
     text_2: Union[Text, list[Text]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spellings(cls, data: Any) -> Any:
+        return _aliased(data, {"text_1": ("queries", "data_1"),
+                               "text_2": ("documents", "items", "data_2")})
     truncate_prompt_tokens: TruncateTokens = None
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None
 
 
 class RerankRequest(EngineRequest):
+    """`query`/`documents`, also spelled as on /score (`queries`/`items`, `data_1`/`data_2`,
+    `text_1`/`text_2`)."""
+
     model: Optional[Text] = None
     query: Text
     documents: list[Text]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spellings(cls, data: Any) -> Any:
+        return _aliased(data, {"query": ("queries", "data_1", "text_1"),
+                               "documents": ("items", "data_2", "text_2")})
     top_n: int = 0  # 0, negative or more than the documents: all of them
     return_documents: bool = True
     truncate_prompt_tokens: TruncateTokens = None

@@ -29,8 +29,8 @@ ROUTE_TASKS: dict[str, tuple[str, ...]] = {
     "/v1/rerank": ("score",),
     "/v2/rerank": ("score",),
 }
-COMMON_ROUTES = ("POST /tokenize", "POST /detokenize", "GET /v1/models", "GET /health",
-                 "GET /version", "GET /metrics")
+COMMON_ROUTES = ("POST /tokenize", "POST /detokenize", "POST /invocations", "GET /v1/models",
+                 "GET /health", "GET /version", "GET /metrics")
 
 
 def random_hex() -> str:
@@ -98,6 +98,14 @@ class ServingContext:
             f"{', '.join(supported)}). The routes this model serves: "
             f"{', '.join(self.served_routes())}.")
 
+    def check_task(self, task: str, param: str = "task") -> str:
+        """`task` when the model runs it, else a 400 naming the tasks it runs."""
+        supported = list(self.model_config.supported_tasks)
+        if task not in supported:
+            raise bad_request(f"Unsupported task: {task!r} Supported tasks: {supported}",
+                              param)
+        return task
+
     def route_error(self, path: str) -> Optional[str]:
         """Why the served model cannot serve the pooling route `path` (the body of a 404
         answered before the request body is read), or None."""
@@ -129,11 +137,12 @@ class ServingContext:
 
     # ----- ids ------------------------------------------------------------------------
     @staticmethod
-    def response_id(request: Request, prefix: str) -> str:
-        """`prefix-<X-Request-Id>` when the client sent one, else `prefix-<32 random hex>`
-        (as uuid4().hex, but from Python's generator: os.urandom released the GIL, and the
-        event loop then waited ~0.3 ms per request to get it back from the engine thread)."""
-        given = request.headers.get("x-request-id")
+    def response_id(request: Request, prefix: str, body: Any = None) -> str:
+        """`prefix-<id>` with the body's `request_id` or the X-Request-Id header when the
+        client sent one, else `prefix-<32 random hex>` (as uuid4().hex, but from Python's
+        generator: os.urandom released the GIL, and the event loop then waited ~0.3 ms per
+        request to get it back from the engine thread)."""
+        given = getattr(body, "request_id", None) or request.headers.get("x-request-id")
         return f"{prefix}-{given or random_hex()}"
 
     # ----- inputs ---------------------------------------------------------------------

@@ -42,10 +42,12 @@ class ServingPooling:
         ctx = self.ctx
         model = ctx.check_model(body.model)
         task = ctx.task_for(route)
+        if getattr(body, "task", None) is not None:  # /pooling may name the task
+            task = ctx.check_task(body.task)
         params = ctx.make_params(task, **param_fields)
         prompts = await ctx.tokenize(ctx.input_prompts(body.input), body.truncate_prompt_tokens,
                                      body.add_special_tokens)
-        response_id = ctx.response_id(http, prefix)
+        response_id = ctx.response_id(http, prefix, body)
         outputs = await ctx.run(http, prompts, params, response_id)
         return model, response_id, outputs
 

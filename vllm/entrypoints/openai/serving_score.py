@@ -65,7 +65,7 @@ class ServingScores:
         model = self.ctx.check_model(body.model)
         text_1 = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
         text_2 = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
-        rid = self.ctx.response_id(http, "score")
+        rid = self.ctx.response_id(http, "score", body)
         scores, tokens = await self._scores(http, route, text_1, text_2,
                                             body.truncate_prompt_tokens, body.activation,
                                             body.use_activation, rid)
@@ -77,7 +77,7 @@ class ServingScores:
         model = self.ctx.check_model(body.model)
         if not body.documents:
             raise bad_request("documents must not be empty.", "documents")
-        rid = self.ctx.response_id(http, "rerank")
+        rid = self.ctx.response_id(http, "rerank", body)
         scores, tokens = await self._scores(http, route, [body.query], list(body.documents),
                                             body.truncate_prompt_tokens, body.activation,
                                             body.use_activation, rid)
@@ -92,7 +92,7 @@ class ServingScores:
                               usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens))
 
 
-def _without_document_when_absent(response: RerankResponse) -> dict[str, Any]:
+def without_absent_documents(response: RerankResponse) -> dict[str, Any]:
     """`return_documents: false` leaves the `document` key out entirely."""
     data = response.model_dump(mode="json")
     for result in data["results"]:
@@ -112,7 +112,7 @@ def make_router(serving: ServingScores) -> APIRouter:
 
     def rerank_endpoint(route: str):
         async def create_rerank(body: RerankRequest, request: Request) -> Any:
-            return JSONResponse(_without_document_when_absent(
+            return JSONResponse(without_absent_documents(
                 await serving.rerank(body, request, route)))
         return create_rerank
 
