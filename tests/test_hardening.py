@@ -3,9 +3,13 @@ naming the field, internal failures are a 500 with an error id and no internals,
 canary request after the hostile ones is still answered correctly."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
+import types
+
+import httpx
 
 import numpy as np
 import pytest
@@ -312,3 +316,65 @@ def test_pooling_task_field(minilm):
     error = bad.json()["error"]
     assert error["param"] == "task"
     assert error["message"].startswith("Unsupported task: 'classify' Supported tasks:")
+
+
+# ----- overload ----------------------------------------------------------------------------
+def test_a_full_queue_answers_503_with_retry_after_at_once():
+    """With the engine busy on a held step, a request that would overfill the waiting
+    queue is answered 503 + Retry-After at once; an idle server takes any one request."""
+    from test_async_llm import FakeEngine
+    from vllm.engine.async_llm import AsyncLLM
+    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.config.pooler import PoolerConfig
+    engine = FakeEngine()
+    engine.vllm_config.model_config.pooler_config = PoolerConfig(normalize=True)
+    llm = AsyncLLM(engine)
+    args = types.SimpleNamespace(served_model_name=["fake"], max_waiting_requests=3)
+    app = build_app(llm, args)
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            big = await http.post("/v1/embeddings", json={"input": ["a"] * 5})
+            assert big.status_code == 200   # idle: one request over the bound is taken
+            engine.gate.clear()
+            engine.in_step.clear()
+            held = asyncio.ensure_future(http.post("/v1/embeddings", json={"input": ["a", "b"]}))
+            while not engine.in_step.is_set():
+                await asyncio.sleep(0.001)
+            start = time.monotonic()
+            full = await http.post("/v1/embeddings", json={"input": ["c", "d"]})
+            waited = time.monotonic() - start
+            fits = asyncio.ensure_future(http.post("/v1/embeddings", json={"input": "e"}))
+            await asyncio.sleep(0.05)
+            engine.gate.set()
+            return full, waited, await held, await fits
+
+    try:
+        full, waited, held, fits = asyncio.run(main())
+    finally:
+        llm.shutdown()
+    assert full.status_code == 503 and full.headers["retry-after"] == "1"
+    assert "--max-waiting-requests 3" in full.json()["error"]["message"] and waited < 1
+    assert held.status_code == 200 and fits.status_code == 200
+
+
+def test_per_request_caps_are_a_400_naming_the_limit(minilm_engine):
+    server = Server(minilm_engine, served_model_name=["m"], max_inputs_per_request=4,
+                    max_tokens_per_request=40)
+    try:
+        many = server.post("/v1/embeddings", {"input": ["a"] * 5})
+        assert many.status_code == 400 and many.json()["error"]["param"] == "input"
+        assert "--max-inputs-per-request" in many.json()["error"]["message"]
+        pairs = server.post("/score", {"text_1": "q", "text_2": ["d"] * 5})
+        assert pairs.status_code == 400
+        long = server.post("/v1/embeddings", {"input": ["word " * 30, "word " * 30]})
+        assert long.status_code == 400
+        total = 2 * len(minilm_engine.tokenizer("word " * 30)["input_ids"])
+        assert f"{total} tokens in all" in long.json()["error"]["message"]
+        ids = server.post("/v1/embeddings", {"input": [[101] * 41]})
+        assert ids.status_code == 400 and "--max-tokens-per-request" in ids.text
+        ok = server.post("/v1/embeddings", {"input": ["word " * 10, "a", "b", "c"]})
+        assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] <= 40
+    finally:
+        server.close()

@@ -151,6 +151,11 @@ class AsyncLLM:
         callback()
 
     @property
+    def num_pending(self) -> int:
+        """Prompts submitted and not yet answered (waiting, tokenizing or running)."""
+        return len(self._pending)
+
+    @property
     def stats(self) -> Any:
         """The engine's live counters (steps, finished requests, prefix-cache hits, ...)."""
         return self.engine.stats

@@ -21,6 +21,7 @@ from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                RequestEdge)
 from vllm.entrypoints.openai.metrics import MetricsMiddleware, ServerMetrics
 from vllm.entrypoints.openai.serving_engine import COMMON_ROUTES, ROUTE_TASKS, ServingContext
+from vllm.entrypoints.openai.serving_limits import ServingLimits
 from vllm.logger import init_logger
 from vllm.version import __version__
 
@@ -40,7 +41,7 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
         if model is None and async_llm is not None:
             model = async_llm.model_config.model
         served = [str(model or "default")]
-    ctx = ServingContext(async_llm, served)
+    ctx = ServingContext(async_llm, served, limits=ServingLimits.from_args(args))
     metrics = ServerMetrics(lambda: async_llm.stats if async_llm is not None else None,
                             served[0], list(ROUTE_TASKS) +
                             [r.split(" ", 1)[1] for r in COMMON_ROUTES])

@@ -99,6 +99,15 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
                         help="Largest accepted request body; larger ones get 413 "
                         "(default 32 MiB).")
+    server.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
+                        help="Prompts waiting or running before new requests are answered 503 "
+                        "with Retry-After (default 4096, ~30 s of MiniLM work on 2 cores).")
+    server.add_argument("--max-inputs-per-request", type=int, default=None, metavar="N",
+                        help="Most inputs (texts, token lists, pairs) in one request; more is a "
+                        "400 (default 16384).")
+    server.add_argument("--max-tokens-per-request", type=_human_int, default=None,
+                        metavar="N", help="Most tokens in one request's inputs together; more "
+                        "is a 400 (default 2M).")
     server.add_argument("--body-read-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="A request body that has not fully arrived after this long is "
                         "answered 408 (default 30).")

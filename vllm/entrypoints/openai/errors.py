@@ -32,11 +32,13 @@ ERROR_TYPES = {
 class APIError(Exception):
     """An error with its HTTP status; raised anywhere in a handler."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None) -> None:
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 headers: Optional[dict[str, str]] = None) -> None:
         super().__init__(message)
         self.status = int(status)
         self.message = message
         self.param = param
+        self.headers = headers
 
 
 class ClientDisconnected(APIError):
@@ -133,7 +135,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -16,6 +16,7 @@ from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.processor import TextPrompt
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
                                            internal_error)
+from vllm.entrypoints.openai.serving_limits import ServingLimits
 from vllm.pooling_params import PoolingParams
 
 # Which engine task each pooling route needs; the other routes work for every model.
@@ -48,10 +49,11 @@ class ServingContext:
     """The state every serving module reads: the engine and the names it is served under."""
 
     def __init__(self, engine: Any, served_model_names: Sequence[str],
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, limits: ServingLimits = ServingLimits()) -> None:
         self._engine = engine
         self.served_model_names = list(served_model_names)
         self.metrics = metrics
+        self.limits = limits
         self._request_counter = itertools.count()
 
     # ----- engine and model -------------------------------------------------------------
@@ -177,23 +179,30 @@ class ServingContext:
         tokenizes in one batch between steps (a text it refuses fails in `run`); anything
         else is tokenized here, on the tokenizer thread (a refusal is a 400 naming
         `param`)."""
-        if add_special_tokens and all(isinstance(p, str) for p in prompts):
+        self.limits.check_inputs(len(prompts), param)
+        if add_special_tokens and all(isinstance(p, str) for p in prompts) and \
+                self.limits.texts_surely_fit(prompts):
             k = self.check_truncation(truncate)
             return [TextPrompt(p, k) for p in prompts]
         try:
-            return await self.engine.tokenize_prompts(
+            tokenized = await self.engine.tokenize_prompts(
                 prompts, truncate_prompt_tokens=self.check_truncation(truncate),
                 add_special_tokens=add_special_tokens)
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", param)) from exc
+        self.limits.check_tokens(tokenized, param)
+        return tokenized
 
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
                              truncate: Optional[int]) -> list[Any]:
+        self.limits.check_inputs(len(pairs), None)
         try:
-            return await self.engine.tokenize_pairs(
+            tokenized = await self.engine.tokenize_pairs(
                 pairs, truncate_prompt_tokens=self.check_truncation(truncate))
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", None)) from exc
+        self.limits.check_tokens(tokenized, None)
+        return tokenized
 
     # ----- running --------------------------------------------------------------------
     async def run(self, request: Request, prompts: Sequence[Any], params: PoolingParams,
@@ -202,6 +211,7 @@ class ServingContext:
         in prompt order. A client disconnect or a failure aborts all of them; a prompt the
         engine refuses is a 400 naming `param`."""
         engine = self.engine
+        self.limits.check_room(engine.num_pending, len(prompts))
         start = time.perf_counter()
         # Engine ids stay unique even when clients reuse an X-Request-Id.
         base_id = f"{base_id}-{next(self._request_counter)}"
