@@ -378,3 +378,36 @@ def test_per_request_caps_are_a_400_naming_the_limit(minilm_engine):
         assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] <= 40
     finally:
         server.close()
+
+
+# ----- memory ------------------------------------------------------------------------------
+def test_heap_trimmer_runs_at_most_once_per_interval():
+    from vllm.worker.cpu_env import HeapTrimmer
+    calls = []
+    trimmer = HeapTrimmer(lambda pad: calls.append(pad) or 1, interval_s=0.05)
+    trimmer()
+    assert calls == []          # not before the interval has passed
+    time.sleep(0.06)
+    trimmer()
+    trimmer()
+    assert calls == [0] and trimmer.num_trims == 1
+    real = HeapTrimmer.create()
+    assert real is not None     # glibc here
+    real._last -= 3600
+    real()                      # the real malloc_trim(0) runs and returns
+    assert real.num_trims == 1
+
+
+def test_a_drained_engine_runs_its_housekeeping():
+    from test_async_llm import FakeEngine
+    from vllm.engine.async_llm import AsyncLLM
+    drained = []
+    llm = AsyncLLM(FakeEngine(), on_drained=lambda: drained.append(1))
+    try:
+        asyncio.run(llm.encode("p", None, "a"))
+        deadline = time.monotonic() + 5
+        while not drained and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert drained
+    finally:
+        llm.shutdown()

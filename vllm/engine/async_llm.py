@@ -42,7 +42,7 @@ from vllm.config.model import resolve_device
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
 from vllm.pooling_params import PoolingParams
-from vllm.worker.cpu_env import share_heap_across_threads
+from vllm.worker.cpu_env import HeapTrimmer, share_heap_across_threads
 
 logger = init_logger(__name__)
 
@@ -78,13 +78,16 @@ class AsyncLLM:
 
     def __init__(self, engine: Any = None, *, start: bool = True,
                  build: Optional[Callable[[], Any]] = None,
-                 arrival_window: Optional[ArrivalWindow] = ArrivalWindow()) -> None:
+                 arrival_window: Optional[ArrivalWindow] = ArrivalWindow(),
+                 on_drained: Optional[Callable[[], None]] = None) -> None:
         """Serve `engine`, or the engine `build()` returns: `build` runs on the engine
         thread (which then starts at once) and its exception is raised here.
-        `arrival_window=None` starts every step at once."""
+        `arrival_window=None` starts every step at once. `on_drained` runs on the engine
+        thread whenever a step leaves the engine empty (housekeeping such as heap trims)."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
         self._window = arrival_window
+        self._on_drained = on_drained
         self._cv = threading.Condition()
         self._pending: dict[str, _Pending] = {}
         self._inbox: list[str] = []
@@ -120,9 +123,11 @@ class AsyncLLM:
         """Build the engine on the engine thread and serve it. On CPU, glibc is tuned first:
         the engine thread must share the main heap from its first allocation."""
         from vllm.engine.llm_engine import LLMEngine
+        trimmer = None
         if resolve_device(engine_args.device) == "cpu":
             share_heap_across_threads()
-        return cls(build=lambda: LLMEngine.from_engine_args(engine_args))
+            trimmer = HeapTrimmer.create()
+        return cls(build=lambda: LLMEngine.from_engine_args(engine_args), on_drained=trimmer)
 
     # ----- health -------------------------------------------------------------------
     @property
@@ -273,8 +278,11 @@ class AsyncLLM:
                     if not self._engine_works():
                         raise
                 busy = self.engine.has_unfinished_requests()
-                if finished and not busy and self._window is not None:
-                    self._await_arrivals(finished)
+                if finished and not busy:
+                    if self._on_drained is not None:
+                        self._on_drained()
+                    if self._window is not None:
+                        self._await_arrivals(finished)
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")
             with self._cv:
