@@ -411,3 +411,45 @@ def test_a_drained_engine_runs_its_housekeeping():
         assert drained
     finally:
         llm.shutdown()
+
+
+def test_vllm_serve_exits_1_when_its_engine_dies(monkeypatch):
+    """run_server (what `vllm serve` runs) with an engine whose device is gone: the request
+    in flight is answered (500 with an error id), the self-test fails, and the server stops
+    with exit status 1 for its supervisor."""
+    import threading
+
+    from test_async_llm import FakeEngine
+    from vllm.config.pooler import PoolerConfig
+    from vllm.engine.async_llm import AsyncLLM
+    from vllm.entrypoints.openai import api_server, cli_args
+
+    engine = FakeEngine()
+    engine.vllm_config.model_config.pooler_config = PoolerConfig(normalize=True)
+    engine.failing_steps = 10 ** 6
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", classmethod(lambda cls, a: cls(engine)))
+    port_sock = socket.socket()
+    port_sock.bind(("127.0.0.1", 0))
+    port = port_sock.getsockname()[1]
+    port_sock.close()
+    args = cli_args.parse_serve_args(["--port", str(port), "--disable-uvicorn-access-log",
+                                      "--uvicorn-log-level", "warning"])
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(api_server.run_server(args)))
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        first = httpx.post(url + "/v1/embeddings", json={"input": "a"}, timeout=10)
+        assert first.status_code == 500 and "error id" in first.json()["error"]["message"]
+        thread.join(40)
+        assert not thread.is_alive() and status == [1]
+    finally:
+        engine.failing_steps = 0
+        thread.join(5)
