@@ -33,6 +33,25 @@ def _cpu_kernels_built():
     rms_norm_kernel()
 
 
+def _cpu_native_missing() -> str:
+    """Why CPU_NATIVE cannot run here ('' where it can)."""
+    from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
+    return "" if varlen_attention_kernel() is not None else \
+        f"CPU_NATIVE: its C++ kernel is {kernel_status('varlen_attention')}"
+
+
+@pytest.fixture(params=["CPU_NATIVE", "TORCH_SDPA"])
+def attention_backend(request, monkeypatch) -> str:
+    """Run a test under each CPU attention backend (VLLM_ATTENTION_BACKEND); CPU_NATIVE is
+    skipped, with the reason, where its kernel cannot be built (no AVX-512)."""
+    if request.param == "CPU_NATIVE":
+        missing = _cpu_native_missing()
+        if missing:
+            pytest.skip(missing)
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def models_root(tmp_path_factory) -> pathlib.Path:
     return tmp_path_factory.mktemp("models")
@@ -70,13 +89,13 @@ def shared_llm():
     """`shared_llm(model_dir, **kwargs)` -> an `LLM`, built once per (dir, kwargs) per session.
 
     Only for tests that leave the instance's configuration alone; a test that needs a fresh
-    engine builds its own `LLM`.
+    engine builds its own `LLM`. Instances are kept apart per VLLM_ATTENTION_BACKEND.
     """
     cache: dict = {}
 
     def get(model: str, **kwargs):
-        from vllm import LLM
-        key = (str(model), _freeze(kwargs))
+        from vllm import LLM, envs
+        key = (str(model), _freeze(kwargs), envs.VLLM_ATTENTION_BACKEND)
         if key not in cache:
             cache[key] = LLM(model=str(model), **kwargs)
         return cache[key]

@@ -251,6 +251,40 @@ def test_texts_are_tokenized_on_the_engine_thread_in_one_batch(fake):
     assert engine.batches[-1] == ["x", "y"] and llm.is_alive
 
 
+def test_overlapped_tokenization_runs_beside_the_step(fake):
+    """The CUDA platform's policy (`tokenize_between_steps=False`): a text is tokenized on
+    the tokenizer thread while a step runs, and joins the next step; a refused text fails
+    alone."""
+    from vllm.engine.processor import TextPrompt
+    engine, cpu_llm = fake
+    cpu_llm.shutdown()
+    llm = AsyncLLM(engine, arrival_window=None, tokenize_between_steps=False)
+    seen = []
+
+    def tokenize_texts(prompts):
+        seen.append((threading.current_thread().name, engine.in_step.is_set(),
+                     [p.text for p in prompts]))
+        return [ValueError("too long") if p.text == "bad" else ("ids", p.text)
+                for p in prompts]
+    engine.processor.tokenize_texts = tokenize_texts
+
+    async def main():
+        blocker = await _hold_a_step(engine, llm, "first")
+        rest = [asyncio.ensure_future(llm.encode(TextPrompt(t), None, t)) for t in ("x", "bad")]
+        while len(seen) < 2:
+            await asyncio.sleep(0.005)
+        engine.gate.set()
+        return await asyncio.gather(blocker, *rest, return_exceptions=True)
+
+    try:
+        first, x, bad = asyncio.run(main())
+    finally:
+        llm.shutdown()
+    assert [(name.startswith("vllm-tokenizer"), in_step) for name, in_step, _ in seen] == \
+        [(True, True), (True, True)]   # on the tokenizer thread, while the step was held
+    assert x.request_id == "x" and isinstance(bad, ValueError)
+
+
 def test_processor_tokenize_texts_isolates_a_bad_text(minilm_dir):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
@@ -306,15 +340,17 @@ def test_tokenizer_thread_and_engine_loop_truncate_independently(minilm_dir):
 
 def test_async_llm_tunes_malloc_first_and_tokenizes_on_its_own_tokenizer(minilm_dir,
                                                                          monkeypatch):
-    import vllm.engine.async_llm as async_llm
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import cpu_malloc
     callers: list[str] = []
-    monkeypatch.setattr(async_llm, "share_heap_across_threads",
+    monkeypatch.setattr(cpu_malloc, "share_heap_across_threads",
                         lambda: callers.append(threading.current_thread().name))
     llm = AsyncLLM.from_engine_args(EngineArgs(model=str(minilm_dir), device="cpu"))
     try:
         # on the caller's thread, before the engine thread's first allocation
         assert callers == [threading.current_thread().name]
+        # the CPU platform's serving policies
+        assert llm._window is not None and llm._tokenize_between_steps
         assert llm.tokenizer is llm.processor.tokenizer
         assert llm.tokenizer is not llm.engine.tokenizer
         assert llm.tokenizer("a b")["input_ids"] == llm.engine.tokenizer("a b")["input_ids"]

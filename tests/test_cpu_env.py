@@ -19,8 +19,9 @@ pytestmark = pytest.mark.skipif(
 # buffer is mmap'd and unmapped on every allocation, i.e. 20k pages faulted in each time.
 SCRIPT = """
 import ctypes, os, sys, tempfile, threading, torch
-from vllm.worker import cpu_env
-tuned = cpu_env.share_heap_across_threads() if sys.argv[1] == "share" else cpu_env.tune_malloc()
+from vllm.platforms import cpu_malloc
+tuned = (cpu_malloc.share_heap_across_threads() if sys.argv[1] == "share"
+         else cpu_malloc.tune_malloc())
 print("tuned", tuned)
 print("parallel_tokenizer", os.environ.get("TOKENIZERS_PARALLELISM", "unset"))
 libc = ctypes.CDLL("libc.so.6")
@@ -86,7 +87,7 @@ def test_offline_tuning_keeps_a_heap_per_thread():
 # the process's other threads use while the main thread sleeps 50 ms.
 SPIN_SCRIPT = """
 import os, threading, time
-from vllm.entrypoints.cli.main import limit_openmp_spin
+from vllm.platforms.process import limit_openmp_spin
 print("limited", limit_openmp_spin())
 import torch
 print("libgomp", "libgomp" in open("/proc/self/maps").read())
@@ -153,7 +154,7 @@ if sys.argv[1] == "torch-first":
     import torch, vllm
 else:
     import vllm, torch
-from vllm.worker.cpu_env import huge_page_buffers
+from vllm.platforms.cpu_malloc import huge_page_buffers
 print(os.environ.get("THP_MEM_ALLOC_ENABLE"), huge_page_buffers())
 """
 

@@ -147,9 +147,7 @@ def test_engine_same_with_and_without_kernel(request, kernel, monkeypatch, fixtu
     path = request.getfixturevalue(fixture)
     prompts = ["short", "a somewhat longer prompt that spans more tokens " * 3, "mid length x"]
     with_kernel = [o.outputs.embedding for o in LLM(path).embed(prompts)]
-    monkeypatch.setattr(cpu_kernels, "use_varlen_attention", lambda x, d: False)
-    from vllm.model_executor.layers import attention
-    monkeypatch.setattr(attention, "use_varlen_attention", lambda x, d: False)
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TORCH_SDPA")
     without = [o.outputs.embedding for o in LLM(path).embed(prompts)]
     np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=2e-6)
 
@@ -200,14 +198,13 @@ def test_rms_norm_kernel_refuses_what_it_cannot_do():
 def test_engine_same_with_and_without_rms_norm_kernel(qwen3_embed_dir, monkeypatch, dtype,
                                                       atol):
     from vllm import LLM
-    from vllm.model_executor.layers import norm
     prompts = ["short", "a somewhat longer prompt that spans more tokens " * 3]
     calls = []
     kernel = cpu_kernels.rms_norm_kernel()
-    monkeypatch.setattr(norm, "rms_norm_kernel", lambda: calls.append(1) or kernel)
+    monkeypatch.setattr(cpu_kernels, "rms_norm_kernel", lambda: calls.append(1) or kernel)
     with_kernel = [o.outputs.embedding
                    for o in LLM(qwen3_embed_dir, dtype=dtype).embed(prompts)]
     assert calls, "the decoder did not use the RMSNorm kernel"
-    monkeypatch.setattr(norm, "rms_norm_kernel", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "rms_norm_kernel", lambda: None)
     without = [o.outputs.embedding for o in LLM(qwen3_embed_dir, dtype=dtype).embed(prompts)]
     np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=atol)

@@ -382,7 +382,7 @@ def test_per_request_caps_are_a_400_naming_the_limit(minilm_engine):
 
 # ----- memory ------------------------------------------------------------------------------
 def test_heap_trimmer_runs_at_most_once_per_interval():
-    from vllm.worker.cpu_env import HeapTrimmer
+    from vllm.platforms.cpu_malloc import HeapTrimmer
     calls = []
     trimmer = HeapTrimmer(lambda pad: calls.append(pad) or 1, interval_s=0.05)
     trimmer()

@@ -1,4 +1,5 @@
-"""The projections' GEMM backend: oneDNN with fused epilogues must equal plain torch."""
+"""The projections' GEMMs: oneDNN with fused epilogues must equal plain torch, and a
+layer bound to one keeps computing the same."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,12 +15,14 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
 @pytest.fixture(params=["onednn", "torch"])
-def backend(request, monkeypatch):
-    """Run a test once with oneDNN allowed (where torch has it) and once with it off."""
-    monkeypatch.setenv("VLLM_CPU_ONEDNN_LINEAR", "1" if request.param == "onednn" else "0")
-    lin.onednn_linear_ok.cache_clear()
-    yield request.param
-    lin.onednn_linear_ok.cache_clear()
+def gemm(request):
+    """Each GEMM implementation (oneDNN skipped where torch has none)."""
+    return lin.GEMMS[request.param]
+
+
+def _usable(gemm, dtype) -> None:
+    if gemm is lin.ONEDNN and not lin.onednn_linear_ok(dtype):
+        pytest.skip(f"oneDNN does not pass its self-check for {dtype} on this CPU")
 
 
 def _inputs(dtype, m=37, k=96, n=80):
@@ -38,36 +41,43 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", list(REFERENCE))
-def test_linear_with_activation(backend, dtype, activation):
+def test_linear_with_activation(gemm, dtype, activation):
+    _usable(gemm, dtype)
     x, w, b, _ = _inputs(dtype)
     w = w[: w.shape[0] // 2]
     want = REFERENCE[activation](F.linear(x.double(), w.double(), b.double()))
-    _close(lin.linear(x, w, b, activation), want, dtype)
+    _close(gemm.linear(x, w, b, activation), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_add_and_mul(backend, dtype):
+def test_linear_add_and_mul(gemm, dtype):
+    _usable(gemm, dtype)
     x, w, b, other = _inputs(dtype)
     w = w[: w.shape[0] // 2]
     ref = F.linear(x.double(), w.double(), b.double())
-    _close(lin.linear_add(x, other, w, b), ref + other.double(), dtype)
-    _close(lin.linear_mul(x, other, w, b), ref * other.double(), dtype)
-    _close(lin.linear_add(x, other, w, None), ref - b.double() + other.double(), dtype)
+    _close(gemm.linear_add(x, other, w, b), ref + other.double(), dtype)
+    _close(gemm.linear_mul(x, other, w, b), ref * other.double(), dtype)
+    _close(gemm.linear_add(x, other, w, None), ref - b.double() + other.double(), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gated_silu_is_silu_gate_times_up(backend, dtype):
+def test_gated_silu_is_silu_gate_times_up(gemm, dtype):
+    _usable(gemm, dtype)
     x, w, _, _ = _inputs(dtype)
     gate, up = F.linear(x.double(), w.double()).chunk(2, dim=-1)
-    _close(lin.gated_silu(x, w), F.silu(gate) * up, dtype)
+    _close(gemm.gated(x, w), F.silu(gate) * up, dtype)
 
 
-def test_backend_choice(backend):
-    want = "onednn" if backend == "onednn" and torch.backends.mkldnn.is_available() \
-        else "torch"
-    assert lin.linear_backend(torch.device("cpu"), torch.float32) == want
-    assert lin.linear_backend(torch.device("cpu"), torch.float16) == "torch"
-    assert lin.linear_backend(torch.device("meta"), torch.float32) == "torch"
+def test_platform_choice(monkeypatch):
+    """The CPU platform picks oneDNN where it passes its self-check, unless turned off;
+    float16 always gets F.linear."""
+    from vllm.platforms import platform_for
+    cpu = platform_for("cpu")
+    want = "onednn" if lin.onednn_linear_ok(torch.float32) else "torch"
+    assert cpu.linear_impl(torch.float32) == want
+    assert cpu.linear_impl(torch.float16) == "torch"
+    monkeypatch.setenv("VLLM_CPU_ONEDNN_LINEAR", "0")
+    assert cpu.linear_impl(torch.float32) == "torch"
 
 
 def test_module_keeps_nn_linear_parameters():
@@ -79,9 +89,11 @@ def test_module_keeps_nn_linear_parameters():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_layers_compute_the_same(backend, dtype):
-    """`pack_weights` keeps every projection's output bit for bit (oneDNN) and releases the
-    plain weight; off the oneDNN path nothing is packed."""
+def test_bound_layers_compute_the_same(gemm, dtype):
+    """Binding to oneDNN packs every weight, keeps every projection's output (to GEMM
+    rounding) and releases the plain weight; binding to torch packs nothing and changes
+    nothing."""
+    _usable(gemm, dtype)
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"plain": lin.Linear(96, 80),
                                  "act": lin.Linear(96, 80, activation="gelu"),
@@ -90,16 +102,17 @@ def test_packed_layers_compute_the_same(backend, dtype):
     with torch.inference_mode():
         before = [model["plain"](x), model["plain"].forward_add(x, other), model["act"](x),
                   model["gated"](x)]
-        packed = lin.pack_weights(model)
+        packed = lin.bind_linear(model, gemm)
         after = [model["plain"](x), model["plain"].forward_add(x, other), model["act"](x),
                  model["gated"](x)]
-    if lin.linear_backend(torch.device("cpu"), dtype) == "torch":  # off (or no bf16 oneDNN)
-        assert packed == 0 and not any(p.is_meta for p in model.parameters())
-        return
-    assert packed == 3 and lin.pack_weights(model) == 3   # packing twice is a no-op
-    assert all(model[k].weight.is_meta and model[k].weight.shape == (80, 96) for k in model)
     for a, b in zip(before, after):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, atol=TOL[dtype], rtol=TOL[dtype])
+    if gemm is lin.TORCH:
+        assert packed == 0 and not any(p.is_meta for p in model.parameters())
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+        return
+    assert packed == 3 and lin.bind_linear(model, gemm) == 3   # binding twice is a no-op
+    assert all(model[k].weight.is_meta and model[k].weight.shape == (80, 96) for k in model)
     from vllm.model_executor.weight_utils import copy_param
     with pytest.raises(RuntimeError, match="already packed"):
         copy_param(model["plain"].weight, torch.zeros(80, 96, dtype=dtype), "plain.weight")

@@ -2,7 +2,9 @@
 
 Batches mix prompt lengths from 3 to 200 tokens, in non-sorted order, so a packing or
 offset bug in the flat (unpadded) batch shows. References run one prompt at a time.
-Embeddings: cosine >= 0.9999; probabilities / scores: max abs diff <= 1e-4.
+Embeddings: cosine >= 0.9999; probabilities / scores: max abs diff <= 1e-4. Every test
+runs under each CPU attention backend (the `attention_backend` fixture: CPU_NATIVE where
+its kernel builds, TORCH_SDPA always).
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import torch
 
 import model_factory as mf
 from vllm import PoolingParams
+
+pytestmark = pytest.mark.usefixtures("attention_backend")
 
 COS_MIN = 0.9999
 PROB_TOL = 1e-4
@@ -286,10 +290,9 @@ RERANKER_OVERRIDES = {"architectures": ["Qwen3ForSequenceClassification"],
                       "is_original_qwen3_reranker": True}
 
 
-@pytest.fixture(scope="module")
-def reranker_llm(qwen3_reranker_dir):
-    from vllm import LLM
-    return LLM(model=qwen3_reranker_dir, hf_overrides=RERANKER_OVERRIDES)
+@pytest.fixture
+def reranker_llm(shared_llm, qwen3_reranker_dir):
+    return shared_llm(qwen3_reranker_dir, hf_overrides=RERANKER_OVERRIDES)
 
 
 def _p_yes(model_dir: str, ids: list[int]) -> float:

@@ -102,20 +102,18 @@ def _shared_prefix_batch(fixture: str, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-@pytest.mark.parametrize("attention", ["default", "sdpa"])
 @pytest.mark.parametrize("fixture", list(MODELS))
-def test_caching_and_chunking_change_no_number(request, shared_llm, monkeypatch, fixture,
-                                               attention):
-    """`default`: the C++ kernel where it is built; `sdpa`: torch's padded SDPA path."""
-    if attention == "sdpa":
-        from vllm.model_executor.layers import attention as attention_layer
-        monkeypatch.setattr(attention_layer, "use_varlen_attention", lambda x, d: False)
+def test_caching_and_chunking_change_no_number(request, shared_llm, attention_backend,
+                                               fixture):
+    """Under each attention backend (CPU_NATIVE: the C++ kernel; TORCH_SDPA: the
+    reference)."""
     model_dir = request.getfixturevalue(fixture)
     task = MODELS[fixture][0]
     prompts = _shared_prefix_batch(fixture)
     assert all(100 <= len(p) <= 300 for p in prompts)
 
     on = LLM(model_dir, **ON)
+    assert on.llm_engine.runner.attention_backend == attention_backend
     cfg = on.llm_engine.vllm_config
     assert cfg.cache_config.enable_prefix_caching is True
     assert cfg.scheduler_config.enable_chunked_prefill is True

@@ -1,15 +1,15 @@
 """A vLLM-compatible inference engine for pooling models.
 
 The public names are imported on first use, so `import vllm` alone loads neither torch nor
-transformers: process-wide environment that torch reads once (`vllm.env_override`: huge-page
-buffers; the `vllm` command: OpenMP) is set before torch loads.
+transformers: process-wide environment that torch reads once (`vllm.platforms.process`:
+huge-page buffers; the `vllm serve` command: OpenMP) is set before torch loads.
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from vllm import env_override  # noqa: F401  (first: before anything loads torch)
+from vllm.platforms.process import prefer_huge_pages
 from vllm.version import __version__
 
 _EXPORTS = {
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
                               EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput,
                               PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
     from vllm.pooling_params import PoolingParams
+
+prefer_huge_pages()  # first: before anything loads torch
 
 
 def __getattr__(name: str) -> Any:

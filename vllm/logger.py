@@ -1,7 +1,8 @@
 """Logging set-up: one `vllm` logger tree with vLLM's line format."""
 import logging
-import os
 import sys
+
+from vllm import envs
 
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 _configured = False
@@ -13,12 +14,12 @@ def _configure_root() -> None:
         return
     _configured = True
     root = logging.getLogger("vllm")
-    if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+    if not envs.VLLM_CONFIGURE_LOGGING:
         return
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
     root.addHandler(handler)
-    root.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    root.setLevel(envs.VLLM_LOGGING_LEVEL)
     root.propagate = False
 
 

@@ -1,11 +1,8 @@
 """CacheConfig: paged KV cache geometry and prefix caching."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
-
-_GiB = 1 << 30
 
 
 @dataclass
@@ -15,15 +12,15 @@ class CacheConfig:
     block_size: int = 16
     enable_prefix_caching: Optional[bool] = None
     num_gpu_blocks_override: Optional[int] = None
-    cpu_kvcache_space_bytes: Optional[int] = None
+    cpu_kvcache_space_bytes: Optional[int] = None  # None: VLLM_CPU_KVCACHE_SPACE (platform)
     gpu_memory_utilization: float = 0.9
     num_blocks: Optional[int] = None  # set by the worker once it has sized the pool
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError("block_size must be a positive number of tokens.")
-        if self.cpu_kvcache_space_bytes is None:
-            space = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4") or 4)
-            self.cpu_kvcache_space_bytes = int(space * _GiB)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in "
+                             "(0, 1]: the fraction of the GPU's memory this engine may use.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be at least 1.")

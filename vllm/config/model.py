@@ -1,7 +1,6 @@
 """ModelConfig: what checkpoint we serve and how (architecture, convert, pooling, lengths)."""
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,10 +9,12 @@ from typing import Any, Optional, Union
 import torch
 from transformers import PretrainedConfig
 
+from vllm import envs
 from vllm.config.pooler import PoolerConfig
 from vllm.logger import init_logger
 from vllm.model_executor.models.registry import (ResolvedArch, convert_architecture,
                                                  resolve_architecture)
+from vllm.platforms import platform_for, resolve_device
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
 from vllm.transformers_utils.st_config import SentenceTransformersConfig, load_st_config
@@ -27,13 +28,6 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
 _CONVERT_TASKS = {"embed": ("encode", "embed"), "classify": ("encode", "classify"),
                   "reward": ("encode", "reward")}
 
-
-
-def resolve_device(device: str) -> str:
-    """`auto` is CUDA when available, else CPU; any other name is kept."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 @dataclass
@@ -109,7 +103,7 @@ class ModelConfig:
     def _resolve_pooler_config(self) -> PoolerConfig:
         user = self.override_pooler_config
         if isinstance(user, dict):
-            user = PoolerConfig(**user)
+            user = PoolerConfig.from_dict(user)
         cfg = user.model_copy() if user is not None else PoolerConfig()
         sources = []
         if user is not None and user.pooling_type is not None:
@@ -141,13 +135,14 @@ class ModelConfig:
         if isinstance(dtype, torch.dtype):
             return dtype
         if dtype == "auto":
-            if self.device == "cpu":
-                return torch.float32
             ckpt = getattr(self.hf_config, "torch_dtype", None) or getattr(
                 self.hf_config, "dtype", None)
             if isinstance(ckpt, str):
                 ckpt = _DTYPES.get(ckpt)
-            return ckpt if ckpt in (torch.float16, torch.bfloat16) else torch.float32
+            chosen = platform_for(self.device).default_dtype(ckpt)
+            logger.info("dtype auto on %s: %s (checkpoint: %s).", self.device,
+                        str(chosen)[6:], str(ckpt)[6:] if ckpt is not None else "not stated")
+            return chosen
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is not supported; use auto, float32, bfloat16 "
                              "or float16.")
@@ -178,7 +173,7 @@ class ModelConfig:
                 f"max_model_len={self.max_model_len} is larger than the model's position limit "
                 f"({limit}); pass max_model_len <= {limit}.")
         if self.max_model_len > derived:
-            if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("1", "true", "True"):
+            if not envs.VLLM_ALLOW_LONG_MAX_MODEL_LEN:
                 raise ValueError(
                     f"User-specified max_model_len ({self.max_model_len}) is greater than the "
                     f"derived max_model_len ({derived}: the smallest of the position limit, the "

@@ -1,17 +1,31 @@
-"""PoolerConfig: how a model turns hidden states into its answer."""
+"""PoolerConfig: how a model turns hidden states into its answer.
+
+A plain dataclass (no pydantic: the engine and `LLM` run where only the server's
+dependencies are missing); `pooling_type` is checked and upper-cased on every assignment.
+"""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Optional
-
-from pydantic import BaseModel, ConfigDict, field_validator
 
 POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP")
 
 
-class PoolerConfig(BaseModel):
-    """Resolved once at start-up; request-level `PoolingParams` fall back to it."""
+def _pooling_type(v: Any) -> Optional[str]:
+    if v is None:
+        return v
+    if hasattr(v, "name"):
+        v = v.name
+    v = str(v).upper()
+    if v not in POOLING_TYPES:
+        raise ValueError(f"pooling_type must be one of {POOLING_TYPES}, got {v!r}")
+    return v
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+@dataclass(repr=False)
+class PoolerConfig:
+    """Resolved once at start-up; request-level `PoolingParams` fall back to it."""
 
     pooling_type: Optional[str] = None
     normalize: Optional[bool] = None
@@ -21,20 +35,27 @@ class PoolerConfig(BaseModel):
     step_tag_id: Optional[int] = None
     returned_token_ids: Optional[list[int]] = None
 
-    @field_validator("pooling_type", mode="before")
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "pooling_type":
+            value = _pooling_type(value)
+        super().__setattr__(name, value)
+
     @classmethod
-    def _upper(cls, v: Any) -> Any:
-        if v is None:
-            return v
-        if hasattr(v, "name"):
-            v = v.name
-        v = str(v).upper()
-        if v not in POOLING_TYPES:
-            raise ValueError(f"pooling_type must be one of {POOLING_TYPES}, got {v!r}")
-        return v
+    def from_dict(cls, values: dict[str, Any]) -> "PoolerConfig":
+        """From a user's dict (`--override-pooler-config`); unknown keys are a ValueError."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown pooler config field(s) {unknown}; known: "
+                             f"{sorted(known)}.")
+        return cls(**values)
+
+    def model_copy(self) -> "PoolerConfig":
+        return dataclasses.replace(self)
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                           for f in dataclasses.fields(self))
         return f"PoolerConfig({fields})"
 
     __str__ = __repr__

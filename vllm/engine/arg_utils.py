@@ -11,7 +11,7 @@ logger = init_logger(__name__)
 
 # vLLM arguments that change nothing on this engine: accepted and logged once.
 IGNORED_ARGS = (
-    "enforce_eager", "gpu_memory_utilization", "swap_space", "cpu_offload_gb",
+    "enforce_eager", "swap_space", "cpu_offload_gb",
     "disable_log_stats", "max_seq_len_to_capture", "disable_custom_all_reduce",
     "compilation_config", "distributed_executor_backend", "load_format", "tokenizer_mode",
     "tokenizer_revision", "code_revision", "download_dir", "disable_async_output_proc",
@@ -54,6 +54,7 @@ class EngineArgs:
     max_num_seqs: int = 128
     long_prefill_token_threshold: Optional[int] = None
     num_gpu_blocks_override: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineArgs":
@@ -87,7 +88,8 @@ class EngineArgs:
             device=self.device, seed=self.seed)
         cache_config = CacheConfig(block_size=self.block_size,
                                    enable_prefix_caching=self.enable_prefix_caching,
-                                   num_gpu_blocks_override=self.num_gpu_blocks_override)
+                                   num_gpu_blocks_override=self.num_gpu_blocks_override,
+                                   gpu_memory_utilization=self.gpu_memory_utilization)
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,

@@ -28,6 +28,10 @@ their next requests together, and the server answers them between steps on both 
 instead of preempting the step's OpenMP threads (a preempted thread stalls its partner at
 the next barrier, so HTTP work cost the step twice). Steps grow from ~15 to ~31 requests at
 32 clients, and a single client (one finished, one back) never waits.
+
+Both are CPU policies, switched on by the CPU platform (`Platform.serving_policy`). On CUDA
+the step leaves the host's cores free: texts are tokenized on the tokenizer thread as they
+arrive, overlapping the running step, and steps start as soon as requests are there.
 """
 from __future__ import annotations
 
@@ -38,11 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
-from vllm.config.model import resolve_device
 from vllm.engine.processor import TextPrompt
 from vllm.logger import init_logger
+from vllm.platforms import platform_for
 from vllm.pooling_params import PoolingParams
-from vllm.worker.cpu_env import HeapTrimmer, share_heap_across_threads
 
 logger = init_logger(__name__)
 
@@ -79,14 +82,19 @@ class AsyncLLM:
     def __init__(self, engine: Any = None, *, start: bool = True,
                  build: Optional[Callable[[], Any]] = None,
                  arrival_window: Optional[ArrivalWindow] = ArrivalWindow(),
+                 tokenize_between_steps: bool = True,
                  on_drained: Optional[Callable[[], None]] = None) -> None:
         """Serve `engine`, or the engine `build()` returns: `build` runs on the engine
         thread (which then starts at once) and its exception is raised here.
-        `arrival_window=None` starts every step at once. `on_drained` runs on the engine
-        thread whenever a step leaves the engine empty (housekeeping such as heap trims)."""
+        `arrival_window=None` starts every step at once. `tokenize_between_steps=False`
+        tokenizes texts on the tokenizer thread as they arrive, overlapping the running
+        step (for devices whose steps leave the host's cores free). `on_drained` runs on
+        the engine thread whenever a step leaves the engine empty (housekeeping such as
+        heap trims)."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
         self._window = arrival_window
+        self._tokenize_between_steps = tokenize_between_steps
         self._on_drained = on_drained
         self._cv = threading.Condition()
         self._pending: dict[str, _Pending] = {}
@@ -120,14 +128,21 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: Any) -> "AsyncLLM":
-        """Build the engine on the engine thread and serve it. On CPU, glibc is tuned first:
-        the engine thread must share the main heap from its first allocation."""
+        """Build the engine on the engine thread and serve it with its platform's serving
+        policy. The platform's process settings come first (on CPU the engine thread must
+        share the main heap from its first allocation)."""
         from vllm.engine.llm_engine import LLMEngine
-        trimmer = None
-        if resolve_device(engine_args.device) == "cpu":
-            share_heap_across_threads()
-            trimmer = HeapTrimmer.create()
-        return cls(build=lambda: LLMEngine.from_engine_args(engine_args), on_drained=trimmer)
+        platform = platform_for(engine_args.device)
+        policy = platform.serving_policy()
+        platform.prepare_server()
+        logger.info("Serving policy: %s; %s.", "texts tokenized by the engine loop between "
+                    "steps" if policy.tokenize_between_steps else "texts tokenized on the "
+                    "tokenizer thread while steps run", "a drained engine waits a few ms for "
+                    "the next requests" if policy.arrival_window else "steps start at once")
+        return cls(build=lambda: LLMEngine.from_engine_args(engine_args),
+                   arrival_window=ArrivalWindow() if policy.arrival_window else None,
+                   tokenize_between_steps=policy.tokenize_between_steps,
+                   on_drained=platform.on_drained())
 
     # ----- health -------------------------------------------------------------------
     @property
@@ -206,16 +221,30 @@ class AsyncLLM:
         A plain future rather than a task: a server request costs no task per prompt."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
+        pending = _Pending(loop, future, prompt, params)
+        overlap = isinstance(prompt, TextPrompt) and not self._tokenize_between_steps
         with self._cv:
             if not self.is_alive:
                 raise self.dead_error
             if request_id in self._pending:
                 raise ValueError(f"Request id {request_id!r} is already running.")
-            self._pending[request_id] = _Pending(loop, future, prompt, params)
-            self._inbox.append(request_id)
-            self._cv.notify()
+            self._pending[request_id] = pending
+            if not overlap:
+                self._inbox.append(request_id)
+                self._cv.notify()
+        if overlap:
+            self._tokenizer_pool.submit(self._tokenize_then_queue, request_id, pending)
         future.add_done_callback(lambda f: self.abort([request_id]) if f.cancelled() else None)
         return future
+
+    def _tokenize_then_queue(self, request_id: str, pending: _Pending) -> None:
+        """On the tokenizer thread, while a step may be running: tokenize the text, then
+        queue the request (unless it was aborted meanwhile); a refusal fails it in `_admit`."""
+        pending.prompt = self.processor.tokenize_texts([pending.prompt])[0]
+        with self._cv:
+            if self._pending.get(request_id) is pending:
+                self._inbox.append(request_id)
+                self._cv.notify()
 
     async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
         """`submit` and wait. Cancelling the awaiting task (e.g. the client went away)
@@ -231,7 +260,7 @@ class AsyncLLM:
                     continue
                 if pending.added:
                     self._aborts.append(rid)
-                else:
+                elif rid in self._inbox:  # (else still on the tokenizer thread)
                     self._inbox.remove(rid)
                 _resolve(pending, error=asyncio.CancelledError())
             self._cv.notify()

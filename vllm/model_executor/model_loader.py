@@ -1,4 +1,10 @@
-"""Build the served model from a ModelConfig and load its checkpoint."""
+"""Build the served model from a ModelConfig, load its checkpoint, bind its ops.
+
+The model is built on its device (a CUDA model never exists on the host: parameters are
+allocated on the GPU and the checkpoint's tensors are copied in one by one), then cast to
+the served dtype. Then, once, every op takes the implementation the platform chose for
+this device and dtype: the projections' GEMM (weights packed where it wants that), the
+RMSNorm kernel, and the attention backend."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,10 +14,14 @@ from torch import nn
 
 from vllm.config.model import ModelConfig
 from vllm.logger import init_logger
-from vllm.model_executor.layers.linear import pack_weights
+from vllm.attention.backends.registry import get_backend
+from vllm.model_executor.layers.attention import Attention, bind_attention
+from vllm.model_executor.layers.linear import GEMMS, bind_linear
+from vllm.model_executor.layers.norm import RMSNorm, bind_rms_norm
 from vllm.model_executor.models.adapters import DenseLayer, RewardHead
 from vllm.model_executor.models.registry import load_model_class
 from vllm.model_executor.weight_utils import copy_param, iterate_weights
+from vllm.platforms.interface import Platform
 
 logger = init_logger(__name__)
 
@@ -30,16 +40,18 @@ class PoolingModel(nn.Module):
         self.model = model
         self.head = head
         self.dense = nn.ModuleList(dense)
+        self.attention_backend = "TORCH_SDPA"  # set by bind_ops
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
         return self.model(*args, **kwargs)
 
 
-def build_model(mc: ModelConfig) -> PoolingModel:
-    """Instantiate the backbone + head for `mc`, load weights, move to device/dtype."""
+def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
+    """Instantiate the backbone + head for `mc` on its device, load weights, cast to the
+    dtype, bind the ops."""
     cls = load_model_class(mc.arch.base)
     names = {name for name, _ in _names_only(mc)}
-    with torch.device("cpu"):
+    with torch.device(mc.device):
         backbone = cls(mc.hf_config)
         head = _build_head(mc, cls, names)
         dense = [DenseLayer(s) for s in mc.st_config.dense] \
@@ -48,15 +60,34 @@ def build_model(mc: ModelConfig) -> PoolingModel:
     _load(mc, model)
     for layer in dense:
         layer.load()
-    model.to(device=mc.device, dtype=mc.dtype).eval()
+    model.to(dtype=mc.dtype).eval()
     model.requires_grad_(False)
-    packed = pack_weights(model)
-    if packed:
-        logger.info("Linear layers: %d weights packed once in oneDNN's blocked layout.", packed)
+    bind_ops(model, platform, mc.dtype)
     logger.info("Loaded %s (%s backbone, head: %s) in %s on %s", mc.architecture,
                 cls.__name__, type(head).__name__ if head is not None else "none",
                 str(mc.dtype).replace("torch.", ""), mc.device)
     return model
+
+
+def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype) -> None:
+    """Bind every op of a loaded model to the implementation `platform` chose (logged)."""
+    gemm = GEMMS[platform.linear_impl(dtype)]
+    packed = bind_linear(model, gemm)
+    if packed:
+        logger.info("Linear layers: %d weights packed once for %s.", packed, gemm.name)
+    if any(isinstance(m, RMSNorm) for m in model.modules()):
+        bind_rms_norm(model, platform.rms_norm_kernel(dtype))
+    head_dims = [m.head_dim for m in model.modules() if isinstance(m, Attention)]
+    model.attention_backend = platform.attention_backend(dtype, head_dims)
+    bind_attention(model, get_backend(model.attention_backend))
+
+
+def _load_device(device: str) -> str:
+    """The device checkpoint tensors are read onto: the model's, with its index."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
 
 
 def _names_only(mc: ModelConfig):
@@ -93,7 +124,7 @@ def _load(mc: ModelConfig, model: PoolingModel) -> None:
 
     def backbone_weights():
         nonlocal lm_head
-        for name, tensor in iterate_weights(mc.path):
+        for name, tensor in iterate_weights(mc.path, _load_device(mc.device)):
             stripped = name[len(prefix):] if name.startswith(prefix) else name
             key = name if name in head_params else stripped
             if key in head_params:

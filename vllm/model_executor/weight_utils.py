@@ -23,15 +23,16 @@ def checkpoint_files(path: Path) -> list[Path]:
     raise ValueError(f"No model weights (*.safetensors or pytorch_model*.bin) found in {path}.")
 
 
-def iterate_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the checkpoint at `path`."""
+def iterate_weights(path: Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every tensor of the checkpoint at `path`, read straight onto
+    `device` ("cpu", "cuda:N"), one tensor at a time."""
     for file in checkpoint_files(path):
         if file.suffix == ".safetensors":
-            with safe_open(str(file), framework="pt") as f:
+            with safe_open(str(file), framework="pt", device=device) as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
         else:
-            state = torch.load(file, map_location="cpu", weights_only=True)
+            state = torch.load(file, map_location=device, weights_only=True)
             yield from state.items()
 
 
@@ -55,8 +56,8 @@ def copy_param(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 
 
 def _check_loadable(param: torch.Tensor, name: str) -> None:
-    """A packed projection's weight is a meta placeholder (`Linear.pack`): copying into
+    """A packed projection's weight is a meta placeholder (`Linear.bind`): copying into
     it would silently do nothing."""
     if param.is_meta:
         raise RuntimeError(f"Cannot load weight {name!r}: its layer was already packed for "
-                           "oneDNN (pack_weights); load every weight before packing.")
+                           "its GEMM (bind_linear); load every weight before binding.")

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from transformers import AutoConfig, PretrainedConfig
+
+from vllm import envs
 
 
 def resolve_model_path(model: str, revision: Optional[str] = None) -> Path:
@@ -15,7 +16,7 @@ def resolve_model_path(model: str, revision: Optional[str] = None) -> Path:
     if path.is_dir():
         return path.resolve()
     from huggingface_hub import constants, snapshot_download
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = envs.HF_HUB_OFFLINE
     try:
         return Path(snapshot_download(model, revision=revision, local_files_only=offline))
     except Exception as exc:  # noqa: BLE001 - re-raised with the facts a user needs

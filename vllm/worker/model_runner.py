@@ -10,11 +10,12 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
+from vllm.attention.backends.registry import get_backend
 from vllm.logger import init_logger
 from vllm.model_executor.attention_metadata import AttentionMetadata, sort_key, token_slots
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.model_loader import build_model
-from vllm.worker.cpu_env import prepare_cpu, prepare_norm_kernel
+from vllm.platforms import platform_for
 
 logger = init_logger(__name__)
 
@@ -25,11 +26,10 @@ class ModelRunner:
         mc = vllm_config.model_config
         torch.manual_seed(mc.seed)
         self.device = torch.device(mc.device)
-        if self.device.type == "cpu":
-            prepare_cpu(mc.dtype)
-        self.model = build_model(mc)
-        if self.device.type == "cpu":
-            prepare_norm_kernel(self.model, mc.dtype)
+        self.platform = platform_for(mc.device)
+        self.platform.prepare(mc.dtype)
+        self.model = build_model(mc, self.platform)
+        self.attention_backend = self.model.attention_backend
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")
         self.block_size = vllm_config.cache_config.block_size
@@ -57,7 +57,8 @@ class ModelRunner:
             raise ValueError(
                 f"The KV cache holds {num} blocks of {self.block_size} tokens, fewer than one "
                 f"max_model_len prompt needs ({self._blocks_per_prompt()}). Raise "
-                "VLLM_CPU_KVCACHE_SPACE / num_gpu_blocks_override or lower max_model_len.")
+                "VLLM_CPU_KVCACHE_SPACE (CPU) / gpu_memory_utilization (CUDA) / "
+                "num_gpu_blocks_override or lower max_model_len.")
         return num
 
     def _bytes_per_block(self) -> int:
@@ -67,10 +68,25 @@ class ModelRunner:
         return len(layers) * 2 * self.block_size * a.num_kv_heads * a.head_dim * itemsize
 
     def _memory_for_cache(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.5)
-        return int(self.config.cache_config.cpu_kvcache_space_bytes)
+        return self.platform.kv_cache_bytes(self.config.cache_config, self._profile)
+
+    @torch.inference_mode()
+    def _profile(self) -> None:
+        """The largest step the scheduler can make, run once without a cache (the platform
+        measures its peak memory): max_num_batched_tokens tokens in max_model_len prompts."""
+        sc, max_len = self.config.scheduler_config, self.config.model_config.max_model_len
+        budget = sc.max_num_batched_tokens
+        lengths = [min(max_len, budget - i) for i in range(0, budget, max_len)]
+        lengths = lengths[: sc.max_num_seqs]
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
+        meta = AttentionMetadata(starts, [0] * len(lengths), lengths, None,
+                                 [[] for _ in lengths], self.block_size,
+                                 causal=self.config.model_config.is_causal, device=self.device)
+        ids = torch.zeros(starts[-1], dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n) for n in lengths]).to(self.device)
+        self.model(ids, positions, meta, None)
 
     def _allocate_kv_cache(self) -> None:
         dtype = self.config.model_config.dtype
@@ -128,6 +144,7 @@ class ModelRunner:
             slot_mapping=self._slot_mapping(out) if self.uses_kv_cache else None,
             block_tables=[s.block_ids for s in out.scheduled], block_size=self.block_size,
             causal=self.config.model_config.is_causal, device=dev)
+        meta.prepared(get_backend(self.attention_backend))  # once, before the first layer
         token_types = torch.tensor(types, dtype=torch.long, device=dev) if any_types else None
         return (torch.tensor(ids, dtype=torch.long, device=dev), positions.to(dev),
                 token_types, meta)

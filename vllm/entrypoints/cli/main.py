@@ -2,37 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Optional
 
 from vllm.logger import init_logger
+from vllm.platforms.process import limit_openmp_spin
 from vllm.version import __version__
 
 logger = init_logger("vllm.entrypoints.cli.main")  # also when run as __main__
-
-# Iterations an idle OpenMP thread spins before it sleeps when serving: ~0.3 ms here,
-# against libgomp's default 300k (~9 ms).
-SERVE_OMP_SPIN_COUNT = 10000
-
-
-def limit_openmp_spin() -> bool:
-    """Before torch loads, let the server's idle OpenMP threads sleep after ~0.3 ms.
-
-    Between steps the server answers the step's requests and reads the next ones while the
-    engine's OpenMP worker has no work; spinning for libgomp's default ~9 ms it held one of
-    the cores that work needs. Inside a forward pass the gaps between parallel regions are
-    microseconds, so the shorter spin still covers them. An explicit GOMP_SPINCOUNT or
-    OMP_WAIT_POLICY is kept; False when one is set or torch is already loaded."""
-    if "torch" in sys.modules or "GOMP_SPINCOUNT" in os.environ or \
-            "OMP_WAIT_POLICY" in os.environ:
-        return False
-    os.environ["GOMP_SPINCOUNT"] = str(SERVE_OMP_SPIN_COUNT)
-    logger.info("OpenMP: idle threads spin %d iterations before sleeping, not libgomp's "
-                "300000, so they leave the cores to HTTP work between steps (set "
-                "GOMP_SPINCOUNT to choose).", SERVE_OMP_SPIN_COUNT)
-    return True
-
 
 def _serve(args: argparse.Namespace) -> int:
     from vllm.entrypoints.openai.api_server import run_server

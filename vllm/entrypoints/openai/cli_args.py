@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from typing import Any, Optional
 
+from vllm import envs
 from vllm.engine.arg_utils import IGNORED_ARGS, UNSUPPORTED_ARGS, EngineArgs
 from vllm.logger import init_logger
 
@@ -20,7 +20,8 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_
                   "hf_overrides", "override_pooler_config", "trust_remote_code", "revision",
                   "device", "seed", "block_size", "enable_prefix_caching",
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
-                  "long_prefill_token_threshold", "num_gpu_blocks_override")
+                  "long_prefill_token_threshold", "num_gpu_blocks_override",
+                  "gpu_memory_utilization")
 # vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
 _IGNORED_SWITCHES = frozenset({
     "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
@@ -93,7 +94,7 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="Name(s) clients use in the `model` field; the first is the one "
                         "reported in responses. Default: MODEL as given.")
-    server.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+    server.add_argument("--api-key", default=envs.VLLM_API_KEY,
                         help="Require `Authorization: Bearer <key>` on every route except "
                         "/health and /metrics (default: the VLLM_API_KEY environment variable).")
     server.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
@@ -186,6 +187,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         "the budget; 0 = no cap).")
     engine.add_argument("--num-gpu-blocks-override", type=int, default=None,
                         help="Fix the number of KV-cache blocks (testing).")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="Fraction of the GPU's memory the engine may use (weights, "
+                        "activations and KV cache; CUDA only, default 0.9).")
 
 
 def _add_compat_flags(parser: argparse.ArgumentParser) -> None:

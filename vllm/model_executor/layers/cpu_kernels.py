@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from vllm import envs
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -44,7 +45,7 @@ def cpu_flags() -> set[str]:
 def build_dir(name: str) -> pathlib.Path:
     """Where kernel `name` is built for this CPU."""
     tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    cache = envs.XDG_CACHE_HOME or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(cache) / "vllm" / "cpu_kernels" / f"{name}_{tag}"
 
 
@@ -69,7 +70,7 @@ def _unavailable(name: str, reason: str) -> None:
 @functools.lru_cache(maxsize=None)
 def _module(name: str, needs_avx512: bool):
     """The built extension module for csrc/<name>.cpp, or None (and why, in the status)."""
-    if os.environ.get("VLLM_CPU_KERNELS", "1") == "0":
+    if not envs.VLLM_CPU_KERNELS:
         return _unavailable(name, "VLLM_CPU_KERNELS=0")
     if needs_avx512 and "avx512f" not in cpu_flags():
         return _unavailable(name, "the CPU has no AVX-512")
@@ -102,12 +103,3 @@ def rms_norm_kernel() -> Optional[Callable]:
 
 def kernel_status(name: str) -> str:
     return _status.get(name, "not requested")
-
-
-def use_varlen_attention(x: torch.Tensor, head_dim: int) -> bool:
-    """Whether attention over `x` (queries) can run on the C++ kernel: float32, or
-    bfloat16 computed in float32 (1.8x torch's bfloat16 SDPA on MiniLM's shapes, and
-    exact-er)."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
-            and head_dim % 16 == 0 and head_dim <= 256
-            and varlen_attention_kernel() is not None)

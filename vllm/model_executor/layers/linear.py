@@ -1,22 +1,23 @@
-"""Dense projections on the fastest GEMM torch has for the device, with fused epilogues.
+"""Dense projections bound once, when the model is built, to the GEMM its platform chose.
 
 On x86 CPUs `F.linear` in float32 calls MKL's sgemm. On AMD CPUs MKL runs its AVX2 code
 (about 210 GFLOP/s on the 2 Zen cores this was tuned on), while oneDNN, also inside torch
 and reached through `torch.ops.mkldnn._linear_pointwise`, runs AVX-512 (about 460
 GFLOP/s) and applies an activation, a residual add or a multiply in the GEMM's epilogue,
-so those element-wise passes over [tokens x width] disappear. The backend is chosen once
-per dtype by a self-check against `F.linear`; any other device or dtype, a torch without
-oneDNN, or `VLLM_CPU_ONEDNN_LINEAR=0` uses plain `F.linear` and separate element-wise ops.
+so those element-wise passes over [tokens x width] disappear. The CPU platform picks
+`ONEDNN` once per dtype when it passes a self-check against `F.linear` (and
+`VLLM_CPU_ONEDNN_LINEAR` is not 0); every other case uses `TORCH` (plain `F.linear` and
+separate element-wise ops; cuBLAS on CUDA).
 
-On that path the loaded model's weights are packed once (`pack_weights`) into oneDNN's
-blocked layout, which oneDNN otherwise rebuilds from the plain [out, in] weight on every
-call: that was 37% of a 9-token projection's time and 5-8% of an 1800-token one.
+`bind(impl)` sets a layer's implementation and, for `ONEDNN`, packs its weight once into
+oneDNN's blocked layout, which oneDNN otherwise rebuilds from the plain [out, in] weight on
+every call: that was 37% of a 9-token projection's time and 5-8% of an 1800-token one.
+A layer nobody bound runs `TORCH`, so a model built by hand still computes correctly.
 """
 from __future__ import annotations
 
 import functools
-import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]]
     "relu": ("relu", "", F.relu),
     "silu": ("swish", "", F.silu),
 }
+Weight = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
 
 def _onednn_op():
@@ -39,10 +41,8 @@ def _onednn_op():
 
 @functools.lru_cache(maxsize=None)
 def onednn_linear_ok(dtype: torch.dtype) -> bool:
-    """Whether CPU projections of this dtype go through oneDNN: it is built in, not turned
-    off, and a small random GEMM with each epilogue matches `F.linear`."""
-    if os.environ.get("VLLM_CPU_ONEDNN_LINEAR", "1") == "0":
-        return False
+    """Whether oneDNN can run CPU projections of this dtype: it is built in, and a small
+    random GEMM with each epilogue matches `F.linear` (the CPU platform asks, once)."""
     if dtype not in (torch.float32, torch.bfloat16) or _onednn_op() is None:
         return False
     g = torch.Generator().manual_seed(0)
@@ -71,15 +71,6 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-def linear_backend(device: torch.device, dtype: torch.dtype) -> str:
-    """'onednn' or 'torch': what the projections of a model on this device/dtype use."""
-    return "onednn" if device.type == "cpu" and onednn_linear_ok(dtype) else "torch"
-
-
-def _fast(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == weight.dtype and onednn_linear_ok(x.dtype)
-
-
 def _onednn(x, w, b, activation: Optional[str]) -> torch.Tensor:
     attr, algorithm = ("none", "") if activation is None else _ACTIVATIONS[activation][:2]
     return _onednn_op()(x, w, b, attr, [], algorithm)
@@ -90,45 +81,65 @@ def _onednn_binary(x, other, w, b, op: str) -> torch.Tensor:
     return _onednn_op().binary(x, other, w, b, op)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           activation: Optional[str] = None) -> torch.Tensor:
-    """activation(x @ weight.T + bias)."""
-    if _fast(x, weight):
-        return _onednn(x.contiguous(), weight, bias, activation)
-    y = F.linear(x, weight, bias)
-    return y if activation is None else _ACTIVATIONS[activation][2](y)
+class TorchGemm:
+    """F.linear and separate element-wise ops (any device, any dtype)."""
+
+    name = "torch"
+
+    @staticmethod
+    def linear(x, w, b, activation: Optional[str]) -> torch.Tensor:
+        y = F.linear(x, w, b)
+        return y if activation is None else _ACTIVATIONS[activation][2](y)
+
+    @staticmethod
+    def linear_add(x, residual, w, b) -> torch.Tensor:
+        return F.linear(x, w, b) + residual
+
+    @staticmethod
+    def linear_mul(x, other, w, b) -> torch.Tensor:
+        return F.linear(x, w, b) * other
+
+    @staticmethod
+    def gated(x, w: Weight) -> torch.Tensor:
+        gate, up = F.linear(x, w).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def pack(w: torch.Tensor) -> Optional[torch.Tensor]:
+        return None  # plain weights
 
 
-def linear_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ weight.T + bias + residual (the residual connection after a projection)."""
-    if _fast(x, weight) and residual.dtype == x.dtype:
-        return _onednn_binary(x.contiguous(), residual.contiguous(), weight, bias, "add")
-    return F.linear(x, weight, bias) + residual
+class OneDnnGemm:
+    """oneDNN GEMMs with the activation / residual add / multiply in the epilogue (CPU)."""
+
+    name = "onednn"
+
+    @staticmethod
+    def linear(x, w, b, activation: Optional[str]) -> torch.Tensor:
+        return _onednn(x.contiguous(), w, b, activation)
+
+    @staticmethod
+    def linear_add(x, residual, w, b) -> torch.Tensor:
+        return _onednn_binary(x.contiguous(), residual.contiguous(), w, b, "add")
+
+    @staticmethod
+    def linear_mul(x, other, w, b) -> torch.Tensor:
+        return _onednn_binary(x.contiguous(), other.contiguous(), w, b, "mul")
+
+    @staticmethod
+    def gated(x, w: Weight) -> torch.Tensor:
+        """silu(x @ gate.T) * (x @ up.T) as two GEMMs whose epilogues apply the silu and
+        the multiply (`w`: the fused [gate; up] weight, or its packed halves)."""
+        gate, up = w if isinstance(w, tuple) else w.chunk(2, dim=0)
+        x = x.contiguous()
+        return _onednn_binary(x, _onednn(x, gate, None, "silu"), up, None, "mul")
+
+    pack = staticmethod(lambda w: pack_weight(w))
 
 
-def linear_mul(x: torch.Tensor, other: torch.Tensor, weight: torch.Tensor,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(x @ weight.T + bias) * other (the up projection of a gated MLP)."""
-    if _fast(x, weight) and other.dtype == x.dtype:
-        return _onednn_binary(x.contiguous(), other.contiguous(), weight, bias, "mul")
-    return F.linear(x, weight, bias) * other
-
-
-def gated_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
-    """silu(x @ gate.T) * (x @ up.T) for a fused [gate; up] weight without bias. With
-    oneDNN that is two GEMMs whose epilogues apply the silu and the multiply."""
-    i = gate_up_weight.shape[0] // 2
-    if _fast(x, gate_up_weight):
-        return _onednn_gated(x, gate_up_weight[:i], gate_up_weight[i:])
-    gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def _onednn_gated(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(x @ gate.T) * (x @ up.T) as two oneDNN GEMMs (plain or packed weights)."""
-    x = x.contiguous()
-    return _onednn_binary(x, _onednn(x, gate, None, "silu"), up, None, "mul")
+TORCH, ONEDNN = TorchGemm(), OneDnnGemm()
+GEMMS = {g.name: g for g in (TORCH, ONEDNN)}
+Gemm = Union[TorchGemm, OneDnnGemm]
 
 
 def check_activation(name: str) -> str:
@@ -146,36 +157,45 @@ class Linear(nn.Linear):
                  activation: Optional[str] = None) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.activation = None if activation is None else check_activation(activation)
-        self.packed: Optional[torch.Tensor] = None  # set by pack()
+        self.gemm: Gemm = TORCH  # set by bind()
+        self.packed: Optional[Weight] = None  # set by bind() where the GEMM packs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self._gemm_weight(), self.bias, self.activation)
+        return self.gemm.linear(x, self._gemm_weight(), self.bias, self.activation)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b + residual; only for layers without an activation."""
         assert self.activation is None, "forward_add is for projections without activation"
-        return linear_add(x, residual, self._gemm_weight(), self.bias)
+        return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
 
-    def _gemm_weight(self) -> torch.Tensor:
+    def forward_mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(x @ W.T + b) * other; only for layers without an activation."""
+        assert self.activation is None, "forward_mul is for projections without activation"
+        return self.gemm.linear_mul(x, other, self._gemm_weight(), self.bias)
+
+    def _gemm_weight(self) -> Weight:
         return self.weight if self.packed is None else self.packed
 
-    def pack(self) -> bool:
-        """Keep the weight in oneDNN's blocked layout from now on (see the module
-        docstring); False, and nothing changed, off the oneDNN path. The plain weight is
-        released: the parameter becomes a meta tensor of the same shape and dtype, so any
-        computation with it fails loudly (and the weight loaders refuse to copy into it)."""
-        weight = self.weight
-        if weight.is_meta:  # packed already
+    def bind(self, gemm: Gemm) -> bool:
+        """Run on `gemm` from now on (call after the weights are loaded, on the final
+        device and dtype); True if the weight was packed for it. A packed layer's plain
+        weight is released: the parameter becomes a meta tensor of the same shape and
+        dtype, so any computation with it fails loudly (and the weight loaders refuse to
+        copy into it). Binding a packed layer again keeps its packing."""
+        if self.packed is not None:
             return True
-        if linear_backend(weight.device, weight.dtype) != "onednn":
+        self.gemm = gemm
+        weight = self.weight
+        packed = self._pack(gemm, weight)
+        if packed is None:
             return False
-        self._store_packed(weight)
+        self.packed = packed
         self.weight = nn.Parameter(torch.empty_like(weight, device="meta"),
                                    requires_grad=False)
         return True
 
-    def _store_packed(self, weight: torch.Tensor) -> None:
-        self.packed = pack_weight(weight)
+    def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
+        return gemm.pack(weight)
 
 
 class GatedLinear(Linear):
@@ -184,22 +204,17 @@ class GatedLinear(Linear):
 
     def __init__(self, in_features: int, intermediate_size: int) -> None:
         super().__init__(in_features, 2 * intermediate_size, bias=False)
-        self.halves: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # set by pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.halves is None:
-            return gated_silu(x, self.weight)
-        gate, up = self.halves
-        if not _fast(x, gate):
-            raise RuntimeError("A packed GatedLinear runs on oneDNN only (CPU, its dtype).")
-        return _onednn_gated(x, gate, up)
+        return self.gemm.gated(x, self._gemm_weight())
 
-    def _store_packed(self, weight: torch.Tensor) -> None:
-        i = weight.shape[0] // 2
-        self.halves = (pack_weight(weight[:i]), pack_weight(weight[i:]))
+    def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
+        gate, up = weight.chunk(2, dim=0)
+        halves = gemm.pack(gate), gemm.pack(up)
+        return None if halves[0] is None else halves
 
 
-def pack_weights(model: nn.Module) -> int:
-    """Pack every `Linear` of a loaded model for oneDNN (see `Linear.pack`); returns how
-    many were packed (0 off the oneDNN path)."""
-    return sum(m.pack() for m in model.modules() if isinstance(m, Linear))
+def bind_linear(model: nn.Module, gemm: Gemm) -> int:
+    """Bind every `Linear` of a loaded model to `gemm` (see `Linear.bind`); returns how many
+    weights were packed (0 for GEMMs that use plain weights)."""
+    return sum(m.bind(gemm) for m in model.modules() if isinstance(m, Linear))

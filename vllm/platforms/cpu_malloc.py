@@ -1,5 +1,4 @@
-"""Start-up decisions that make CPU inference fast, one log line each: keep large buffers
-in the heap, run projections on oneDNN, build the C++ attention and RMSNorm kernels.
+"""glibc allocator settings for CPU inference (the CPU platform applies them, logged).
 
 glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh mmap'd
 pages and unmaps them on free, so every big activation tensor of a step ([tokens x
@@ -28,16 +27,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import time
 from typing import Callable, Optional
 
-import torch
-
+from vllm import envs
 from vllm.logger import init_logger
-from vllm.model_executor.layers.cpu_kernels import (kernel_status, rms_norm_kernel,
-                                                    varlen_attention_kernel)
-from vllm.model_executor.layers.linear import linear_backend
+from vllm.platforms.process import single_threaded_tokenizer
 
 logger = init_logger(__name__)
 
@@ -50,7 +45,7 @@ _shared = False
 
 def _mallopt() -> Optional[Callable[[int, int], int]]:
     """glibc's mallopt, or None (not glibc, or VLLM_CPU_MALLOC_TUNING=0)."""
-    if os.environ.get("VLLM_CPU_MALLOC_TUNING", "1") == "0":
+    if not envs.VLLM_CPU_MALLOC_TUNING:
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -88,8 +83,7 @@ def share_heap_across_threads() -> bool:
     if _shared:
         logger.info("CPU allocator: one heap for all threads, so the engine thread's large "
                     "buffers stay in it.")
-        if "TOKENIZERS_PARALLELISM" not in os.environ:
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        if single_threaded_tokenizer():
             logger.info("Tokenizer: one thread per batch (TOKENIZERS_PARALLELISM=false): "
                         "on one shared heap its parallel batches ran 3x slower.")
     return _shared
@@ -136,37 +130,8 @@ class HeapTrimmer:
 def huge_page_buffers() -> bool:
     """Whether torch page-aligns CPU buffers of 2 MiB and more and advises transparent huge
     pages for them: THP_MEM_ALLOC_ENABLE=1 was in the environment at torch's first
-    allocation (`vllm.env_override`). Otherwise they are 64-byte aligned, and three fresh
-    ones all on a page boundary by chance is about one in 2.6e5."""
+    allocation (`vllm.platforms.process`). Otherwise they are 64-byte aligned, and three
+    fresh ones all on a page boundary by chance is about one in 2.6e5."""
+    import torch
     buffers = [torch.empty(1 << 20) for _ in range(3)]  # 4 MiB each
     return all(b.data_ptr() % 4096 == 0 for b in buffers)
-
-
-def prepare_cpu(dtype: torch.dtype) -> None:
-    """Tune the allocator, then decide (and log) the projection and attention backends;
-    the attention kernel is built or loaded now rather than inside the first request."""
-    tune_malloc()
-    if huge_page_buffers():
-        logger.info("CPU allocator: buffers of 2 MiB and more page-aligned on transparent "
-                    "huge pages (THP_MEM_ALLOC_ENABLE=1; 0 turns it off).")
-    else:
-        logger.info("CPU allocator: torch's huge-page buffers are off (THP_MEM_ALLOC_ENABLE "
-                    "is 0, or torch was imported before vllm).")
-    onednn = linear_backend(torch.device("cpu"), dtype) == "onednn"
-    logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual epilogues "
-                "(VLLM_CPU_ONEDNN_LINEAR=0 turns it off)" if onednn else "F.linear")
-    if dtype in (torch.float32, torch.bfloat16):
-        built = varlen_attention_kernel() is not None
-        logger.info("Attention: %s %s", "C++ packed-sequence kernel," if built else
-                    "torch SDPA; C++ kernel", kernel_status("varlen_attention"))
-
-
-def prepare_norm_kernel(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """A float32 / bfloat16 model with RMSNorm layers gets the one-pass C++ RMSNorm: built
-    or loaded now, at start-up, rather than inside the first request."""
-    from vllm.model_executor.layers.norm import KERNEL_DTYPES, RMSNorm
-    if dtype not in KERNEL_DTYPES or not any(isinstance(m, RMSNorm) for m in model.modules()):
-        return
-    built = rms_norm_kernel() is not None
-    logger.info("RMSNorm: %s %s", "C++ one-pass kernel," if built else "torch ops; C++ kernel",
-                kernel_status("rms_norm"))

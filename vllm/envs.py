@@ -1,0 +1,92 @@
+"""Every environment variable the engine reads: name, default and what it does, in one place.
+
+`vllm.envs.VLLM_CPU_KVCACHE_SPACE` reads the variable at that moment (no caching), so a
+test or a launcher that sets it later is honoured. `is_set(name)` says whether the user set
+one at all. Only this module and `vllm.platforms` (which sets process variables before torch
+loads) touch `os.environ`; tests/test_envs.py checks that. The README's table points here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, NamedTuple, Optional
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() not in ("0", "", "false", "no", "off")
+
+
+def _gib(value: str) -> float:
+    return float(value) if value.strip() else 4.0
+
+
+def _upper(value: str) -> Optional[str]:
+    return value.strip().upper() or None
+
+
+class EnvVar(NamedTuple):
+    default: Optional[str]       # as it would be spelled in the environment (None: unset)
+    parse: Callable[[str], Any]
+    doc: str
+
+
+def _str(value: str) -> str:
+    return value
+
+
+environment_variables: dict[str, EnvVar] = {
+    # ----- engine --------------------------------------------------------------------
+    "VLLM_ATTENTION_BACKEND": EnvVar(None, _upper, "Force the attention backend: CPU_NATIVE, "
+                                     "TORCH_SDPA or FLASH_ATTN (default: the platform's choice)."),
+    "VLLM_CPU_KVCACHE_SPACE": EnvVar("4", _gib, "KV cache size on CPU, in GiB (default 4)."),
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": EnvVar("0", _flag, "Allow max_model_len above the derived "
+                                            "limit, up to the model's position limit."),
+    "VLLM_API_KEY": EnvVar(None, _str, "Default for `vllm serve --api-key`."),
+    "VLLM_CONFIGURE_LOGGING": EnvVar("1", _flag, "0: leave the `vllm` logger unconfigured."),
+    "VLLM_LOGGING_LEVEL": EnvVar("INFO", lambda v: v.strip().upper() or "INFO",
+                                 "Level of the `vllm` logger."),
+    # ----- CPU platform ----------------------------------------------------------------
+    "VLLM_CPU_KERNELS": EnvVar("1", _flag, "0: never build or use the C++ kernels in csrc/."),
+    "VLLM_CPU_ONEDNN_LINEAR": EnvVar("1", _flag, "0: CPU projections use F.linear, not oneDNN."),
+    "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
+                                     "arenas alone."),
+    "XDG_CACHE_HOME": EnvVar(None, _str, "Where C++ kernels are built (default ~/.cache)."),
+    # ----- read before torch loads (set by vllm.platforms where unset) --------------------
+    "THP_MEM_ALLOC_ENABLE": EnvVar(None, _str, "torch: 1 = huge-page-aligned CPU buffers "
+                                   "(vllm sets 1 where unset; 0 turns it off)."),
+    "GOMP_SPINCOUNT": EnvVar(None, _str, "libgomp idle spin; `vllm serve` on CPU sets 10000 "
+                             "where neither it nor OMP_WAIT_POLICY is set."),
+    "OMP_WAIT_POLICY": EnvVar(None, _str, "OpenMP wait policy; when set, vllm leaves "
+                              "GOMP_SPINCOUNT alone."),
+    "TOKENIZERS_PARALLELISM": EnvVar(None, _flag, "Hugging Face tokenizers' thread pool; the "
+                                     "CPU server sets false where unset."),
+    "HF_HUB_OFFLINE": EnvVar("0", _flag, "1: never reach the Hugging Face Hub."),
+}
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable `name` (one of `environment_variables`) is in the environment."""
+    _known(name)
+    return name in os.environ
+
+
+def get(name: str) -> Any:
+    """The parsed value of `name` now (its default's parse when unset; None: no default)."""
+    var = _known(name)
+    raw = os.environ.get(name, var.default)
+    return None if raw is None else var.parse(raw)
+
+
+def _known(name: str) -> EnvVar:
+    try:
+        return environment_variables[name]
+    except KeyError:
+        raise AttributeError(f"{name} is not an environment variable vllm reads (see "
+                             "vllm/envs.py)") from None
+
+
+def __getattr__(name: str) -> Any:
+    return get(name)
+
+
+def __dir__() -> list[str]:
+    return sorted(environment_variables)

@@ -1,0 +1,119 @@
+"""`Platform`: what a device decides once, at start-up, each decision logged in one line.
+
+A platform answers: the default dtype for `dtype="auto"`; the process settings its engine
+wants (allocator, threads); how many bytes the KV cache may take; which attention backend
+runs (`VLLM_ATTENTION_BACKEND` forces one) and which op implementations (GEMM epilogues,
+RMSNorm kernel) the model's layers bind to; and which serving policies the server uses.
+Models, the runner and the server ask it; none of them tests the device itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Optional, Sequence
+
+import torch
+
+from vllm import envs
+from vllm.attention.backends.registry import BACKEND_NAMES, check_backend_name
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ServingPolicy:
+    """How the server's engine loop shares the machine with HTTP work and tokenization."""
+
+    share_heap: bool              # one glibc heap for every thread (engine on its own thread)
+    arrival_window: bool          # a drained engine waits a few ms for the next step's requests
+    tokenize_between_steps: bool  # texts tokenized by the engine loop between steps (True),
+    #                               or on the tokenizer thread while a step runs (False)
+
+
+class Platform:
+    device_type: ClassVar[str]
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self._prepared: set[torch.dtype] = set()
+
+    # ----- dtype ------------------------------------------------------------------------
+    def default_dtype(self, checkpoint_dtype: Optional[torch.dtype]) -> torch.dtype:
+        """The dtype `dtype="auto"` runs in, given the checkpoint's (None: not stated)."""
+        raise NotImplementedError
+
+    # ----- process ----------------------------------------------------------------------
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Once per process and dtype, before the model is built: process settings and the
+        op choices, logged."""
+        if dtype not in self._prepared:
+            self._prepared.add(dtype)
+            self._prepare(dtype)
+
+    def _prepare(self, dtype: torch.dtype) -> None:
+        pass
+
+    def serving_policy(self) -> ServingPolicy:
+        raise NotImplementedError
+
+    def prepare_server(self) -> None:
+        """Before the server's engine thread starts (process-wide settings)."""
+
+    def on_drained(self) -> Optional[Callable[[], None]]:
+        """What the server's engine thread runs when a step leaves it empty (None: nothing)."""
+        return None
+
+    # ----- KV cache ---------------------------------------------------------------------
+    def kv_cache_bytes(self, cache_config, profile: Callable[[], int]) -> int:
+        """Bytes the KV cache may take. `profile()` runs the largest step the scheduler can
+        make without a cache and returns the peak bytes allocated on the device (weights
+        included); platforms that size the cache from a fixed budget never call it."""
+        raise NotImplementedError
+
+    # ----- attention backend ------------------------------------------------------------
+    def attention_backend(self, dtype: torch.dtype, head_dims: Sequence[int]) -> str:
+        """The backend name for a model whose attention layers have `head_dims`:
+        VLLM_ATTENTION_BACKEND when set (ValueError if unknown or unusable here), else the
+        platform's first choice that can run it. Logged."""
+        forced = envs.VLLM_ATTENTION_BACKEND
+        if forced is not None:
+            check_backend_name(forced)
+            why_not = self.backend_unavailable(forced, dtype, head_dims)
+            if why_not is not None:
+                raise ValueError(f"VLLM_ATTENTION_BACKEND={forced} cannot run here: {why_not}. "
+                                 f"Unset it, or choose another of {', '.join(BACKEND_NAMES)}.")
+            logger.info("Attention backend: %s (VLLM_ATTENTION_BACKEND).", forced)
+            return forced
+        skipped = []
+        for name in self.backend_preference(dtype):
+            why_not = self.backend_unavailable(name, dtype, head_dims)
+            if why_not is None:
+                logger.info("Attention backend: %s%s.", name,
+                            "".join(f"; {s}" for s in skipped))
+                return name
+            skipped.append(f"not {name}: {why_not}")
+        raise ValueError(f"No attention backend can run here ({'; '.join(skipped)}).")
+
+    def backend_preference(self, dtype: torch.dtype) -> tuple[str, ...]:
+        """Backend names in the order this platform prefers them."""
+        raise NotImplementedError
+
+    def backend_unavailable(self, name: str, dtype: torch.dtype,
+                            head_dims: Sequence[int]) -> Optional[str]:
+        """Why backend `name` cannot run a model of this dtype and head sizes here (None:
+        it can)."""
+        return f"{name} is not a {self.device_type} backend"
+
+    # ----- ops ----------------------------------------------------------------------------
+    def linear_impl(self, dtype: torch.dtype) -> str:
+        """'onednn' or 'torch': the GEMM implementation Linear layers bind to."""
+        return "torch"
+
+    def rms_norm_kernel(self, dtype: torch.dtype) -> Optional[Callable]:
+        """A fused RMSNorm `f(x, weight, eps)` for this dtype, or None (torch ops)."""
+        return None
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for timing)."""
