@@ -19,7 +19,7 @@ import argparse
 import pathlib
 import sys
 
-import vllm  # noqa: F401  (before torch loads: vllm.env_override, as a user's script gets)
+import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 import numpy as np
 import torch
 import torch.nn.functional as F

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-import vllm  # noqa: F401  (before torch loads: vllm.env_override, as a user's script gets)
+import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 import httpx
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))

@@ -11,7 +11,7 @@ import statistics
 import time
 from typing import Callable
 
-import vllm  # noqa: F401  (before torch loads: vllm.env_override, as a user's script gets)
+import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 import torch
 
 from vllm.model_executor.layers.cpu_kernels import cpu_flags  # noqa: F401 (re-exported)
