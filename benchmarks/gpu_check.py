@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     with parts.workdir() as work:
         report["parity"] = parts.parity(work, args.device, args.dtypes, args.quick)
-        report["exactness"] = parts.exactness(work, args.device, args.dtypes)
+        report["exactness"] = parts.exactness(work, args.device, args.dtypes, args.quick)
         report["minilm_embed"] = parts.time_minilm(args.device, args.quick, args.repeats,
                                                    args.timing_dtype)
         report["prefix_rerank"] = parts.time_prefix_rerank(work, args.device, args.quick,

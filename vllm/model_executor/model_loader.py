@@ -51,13 +51,13 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
     dtype, bind the ops."""
     cls = load_model_class(mc.arch.base)
     names = {name for name, _ in _names_only(mc)}
-    with torch.device(mc.device):
+    with platform.device:
         backbone = cls(mc.hf_config)
         head = _build_head(mc, cls, names)
         dense = [DenseLayer(s) for s in mc.st_config.dense] \
             if (mc.st_config is not None and mc.convert == "embed") else []
     model = PoolingModel(backbone, head, dense)
-    _load(mc, model)
+    _load(mc, model, str(platform.device))
     for layer in dense:
         layer.load()
     model.to(dtype=mc.dtype).eval()
@@ -80,14 +80,6 @@ def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype) -> Non
     head_dims = [m.head_dim for m in model.modules() if isinstance(m, Attention)]
     model.attention_backend = platform.attention_backend(dtype, head_dims)
     bind_attention(model, get_backend(model.attention_backend))
-
-
-def _load_device(device: str) -> str:
-    """The device checkpoint tensors are read onto: the model's, with its index."""
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
 
 
 def _names_only(mc: ModelConfig):
@@ -114,7 +106,7 @@ def _build_head(mc: ModelConfig, cls, names: set[str]) -> Optional[nn.Module]:
     return None
 
 
-def _load(mc: ModelConfig, model: PoolingModel) -> None:
+def _load(mc: ModelConfig, model: PoolingModel, device: str) -> None:
     backbone, head = model.model, model.head
     head_params = dict(head.named_parameters()) if head is not None else {}
     from_token = getattr(mc.hf_config, "classifier_from_token", None)
@@ -124,7 +116,7 @@ def _load(mc: ModelConfig, model: PoolingModel) -> None:
 
     def backbone_weights():
         nonlocal lm_head
-        for name, tensor in iterate_weights(mc.path, _load_device(mc.device)):
+        for name, tensor in iterate_weights(mc.path, device):
             stripped = name[len(prefix):] if name.startswith(prefix) else name
             key = name if name in head_params else stripped
             if key in head_params:

@@ -35,6 +35,11 @@ def cuda_cache_budget(total: int, utilization: float, peak: int, outside_torch: 
 class CudaPlatform(Platform):
     device_type = "cuda"
 
+    def __init__(self, device: str) -> None:
+        super().__init__(device)
+        if self.device.index is None:  # torch.cuda's memory calls want an index
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
     def default_dtype(self, checkpoint_dtype: Optional[torch.dtype]) -> torch.dtype:
         return checkpoint_dtype if checkpoint_dtype in FLASH_DTYPES else torch.float16
 
@@ -42,6 +47,7 @@ class CudaPlatform(Platform):
         torch.cuda.set_device(self.device)
         props = torch.cuda.get_device_properties(self.device)
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 stays float32 (parity)
+        torch.backends.cudnn.allow_tf32 = False
         logger.info("CUDA device: %s, %.1f GiB, compute capability %d.%d; GEMMs: cuBLAS "
                     "(torch).", props.name, props.total_memory / GiB, props.major, props.minor)
 

@@ -25,8 +25,8 @@ class ModelRunner:
         self.config = vllm_config
         mc = vllm_config.model_config
         torch.manual_seed(mc.seed)
-        self.device = torch.device(mc.device)
         self.platform = platform_for(mc.device)
+        self.device = self.platform.device
         self.platform.prepare(mc.dtype)
         self.model = build_model(mc, self.platform)
         self.attention_backend = self.model.attention_backend

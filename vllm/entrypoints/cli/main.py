@@ -32,9 +32,20 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _asks_for_cuda(argv: list[str]) -> bool:
+    """`--device cuda[:N]` on the command line (read before torch loads)."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--device=") else \
+            (argv[i + 1] if arg == "--device" and i + 1 < len(argv) else "")
+        if value.startswith("cuda"):
+            return True
+    return False
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
-        limit_openmp_spin()
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["serve"] and not _asks_for_cuda(words):
+        limit_openmp_spin()  # a CPU serving policy; set before torch loads
     parser = make_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
