@@ -8,6 +8,9 @@ exactly their request's own tokens.
 
 The backend (vllm/attention/backends) is chosen once per model by the platform and bound by
 the model runner (`bind_attention`); an unbound layer runs TORCH_SDPA, the reference.
+Two optional per-layer features (ModernBERT, Gemma 2/3), `window` = (left, right) and
+`softcap`, take the device-neutral masked path (`backends/masked.py`) in the steps where
+they change a score.
 """
 from __future__ import annotations
 
@@ -17,14 +20,18 @@ import torch
 from torch import nn
 
 from vllm.attention.backends.abstract import AttentionBackend
+from vllm.attention.backends.masked import masked_attention, needs_mask
 from vllm.attention.backends.registry import get_backend
 from vllm.model_executor.attention_metadata import AttentionMetadata
 
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int,
-                 scale: Optional[float] = None) -> None:
+                 scale: Optional[float] = None, window: Optional[tuple[int, int]] = None,
+                 softcap: Optional[float] = None) -> None:
         super().__init__()
+        self.window = window
+        self.softcap = softcap
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_kv_heads
@@ -43,6 +50,8 @@ class Attention(nn.Module):
         if self.kv_cache is not None and meta.slot_mapping is not None:
             self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        if (self.window is not None or self.softcap is not None) and needs_mask(self, meta):
+            return masked_attention(self, q, k, v, meta).reshape(t, -1)
         return self.backend.forward(self, q, k, v, meta).reshape(t, -1)
 
 

@@ -142,6 +142,13 @@ GEMMS = {g.name: g for g in (TORCH, ONEDNN)}
 Gemm = Union[TorchGemm, OneDnnGemm]
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """activation(x @ weight.T + bias) with plain torch ops, for a projection that is not a
+    bound `Linear` (e.g. a head over a handful of pooled rows)."""
+    return TORCH.linear(x, weight, bias, activation)
+
+
 def check_activation(name: str) -> str:
     if name not in _ACTIVATIONS:
         raise ValueError(f"hidden_act {name!r} is not supported (supported: "
