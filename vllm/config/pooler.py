@@ -20,6 +20,9 @@ class PoolerConfig(BaseModel):
     softmax: Optional[bool] = None
     step_tag_id: Optional[int] = None
     returned_token_ids: Optional[list[int]] = None
+    # Embeddings longer than max_model_len: split into chunks, token-weighted mean (upstream)
+    enable_chunked_processing: Optional[bool] = None
+    max_embed_len: Optional[int] = None
 
     @field_validator("pooling_type", mode="before")
     @classmethod

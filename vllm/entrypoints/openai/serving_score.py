@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.protocol import (RerankDocument, RerankRequest, RerankResponse,
+from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, RerankRequest, RerankResponse,
                                               RerankResult, RerankUsage, ScoreRequest,
                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
@@ -35,18 +35,35 @@ class ServingScores:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
+    def _caps(self, body: LongInputFields) -> tuple[int, int]:
+        processor = self.ctx.engine.processor
+        caps = []
+        for name in ("max_tokens_per_query", "max_tokens_per_doc"):
+            try:
+                caps.append(processor.check_cap(getattr(body, name), name))
+            except ValueError as exc:
+                raise bad_request(str(exc), name) from exc
+        return caps[0], caps[1]
+
     async def _scores(self, http: Request, route: str, text_1: list[str], text_2: list[str],
-                      truncate: Optional[int], activation: Optional[bool],
+                      body: LongInputFields, activation: Optional[bool],
                       use_activation: Optional[bool], base_id: str) -> tuple[list[float], int]:
         """Scores in pair order, plus the prompt tokens processed."""
         ctx = self.ctx
         ctx.task_for(route)
         pairs = pair_up(text_1, text_2)
+        truncate, side = body.truncate_prompt_tokens, body.truncation_side
+        ctx.check_truncation(truncate, side)
+        cap_q, cap_d = self._caps(body)
+        processor = ctx.engine.processor
         if ctx.model_config.is_cross_encoder:
             params = ctx.make_params("score", activation=activation,
                                      use_activation=use_activation)
+            if cap_q:
+                text_1 = await ctx.engine.run_in_tokenizer_thread(
+                    lambda: [processor.cap_text(t, cap_q, side) for t in text_1])
             prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
-                                               truncate)
+                                               truncate, side, cap_d)
             outputs = await ctx.run(http, prompts, params, base_id, param=None)
             scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
             return scores, prompt_tokens(outputs)
@@ -54,7 +71,10 @@ class ServingScores:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
         params = ctx.make_params("embed")
-        prompts = await ctx.tokenize(text_1 + text_2, truncate, param=None)
+        prompts = await ctx.tokenize(text_1, processor.cap_as_truncation(cap_q, truncate),
+                                     param=None, side=side)
+        prompts += await ctx.tokenize(text_2, processor.cap_as_truncation(cap_d, truncate),
+                                      param=None, side=side)
         outputs = await ctx.run(http, prompts, params, base_id, param=None)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
         scores = [float(cosine_score(first[i].outputs.data.reshape(-1),
@@ -66,8 +86,7 @@ class ServingScores:
         text_1 = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
         text_2 = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
         rid = self.ctx.response_id(http, "score", body)
-        scores, tokens = await self._scores(http, route, text_1, text_2,
-                                            body.truncate_prompt_tokens, body.activation,
+        scores, tokens = await self._scores(http, route, text_1, text_2, body, body.activation,
                                             body.use_activation, rid)
         return ScoreResponse(id=rid, model=model, usage=UsageInfo.of(tokens),
                              data=[ScoreResponseData(index=i, score=s)
@@ -79,8 +98,7 @@ class ServingScores:
             raise bad_request("documents must not be empty.", "documents")
         rid = self.ctx.response_id(http, "rerank", body)
         scores, tokens = await self._scores(http, route, [body.query], list(body.documents),
-                                            body.truncate_prompt_tokens, body.activation,
-                                            body.use_activation, rid)
+                                            body, body.activation, body.use_activation, rid)
         order = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
         if 0 < body.top_n < len(order):
             order = order[:body.top_n]
