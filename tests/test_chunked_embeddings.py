@@ -54,8 +54,9 @@ def test_too_long_without_the_switch_names_it(bert_embed_dir):
     assert r.json() == {"error": {
         "message": f"This model's maximum context length is 16 tokens. However, you requested "
                    f"{n} tokens in the input for pooling. Please reduce the length of the "
-                   "input, or pass truncate_prompt_tokens, or embed it in chunks: start with "
-                   'pooler_config {"enable_chunked_processing": true, "max_embed_len": N}.',
+                   "input prompt, or pass truncate_prompt_tokens, or embed it in chunks: start "
+                   'with pooler_config {"enable_chunked_processing": true, "max_embed_len": '
+                   'N}.',
         "type": "BadRequestError", "param": "input", "code": 400}}
 
 

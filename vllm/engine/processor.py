@@ -311,7 +311,7 @@ class InputProcessor:
             raise ValueError(
                 f"This model's max_embed_len is {pooler.max_embed_len} tokens (chunked "
                 f"processing). However, you requested {len(ids)} tokens in the input for "
-                "pooling. Please reduce the length of the input, or pass "
+                "pooling. Please reduce the length of the input prompt, or pass "
                 "truncate_prompt_tokens.")
         if not chunked and len(ids) > self.mc.max_model_len:
             raise ValueError(
