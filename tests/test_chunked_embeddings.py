@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import model_factory as mf
-from test_server import Server, _engine
+from servers import Server, _engine
 from vllm import LLM
 from vllm.entrypoints.openai.cli_args import engine_args_from_namespace, parse_serve_args
 

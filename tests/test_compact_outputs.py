@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import model_factory as mf
-from test_server import _model_server, _ok
+from servers import _model_server
+from test_server import _ok
 from vllm import LLM
 
 TEXTS = ["Hello world", "The quick brown fox", "a"]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import model_factory as mf
-from test_server import _model_server, _ok
+from servers import _model_server
+from test_server import _ok
 from vllm import LLM
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import model_factory as mf
-from test_server import Server, _engine, _model_server, _ok
+from servers import Server, _engine
+from test_server import _ok
 from vllm import LLM
 
 LONG = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
@@ -51,8 +52,8 @@ def test_server_default_truncation_side(bert_embed_dir):
 
 
 @pytest.fixture(scope="module")
-def cross(bert_cls_dir):
-    yield from _model_server(bert_cls_dir)
+def cross(cross_encoder):
+    return cross_encoder  # the shared tiny BERT cross-encoder server (bert_cls_dir)
 
 
 def _hand_pair_score(path, query_ids, doc_ids) -> float:
