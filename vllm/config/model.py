@@ -56,6 +56,7 @@ class ModelConfig:
     # Long inputs and compact outputs (request defaults; see docs/architecture.md)
     truncation_side: Optional[str] = None            # None: the tokenizer's own side
     embedding_calibration: Optional[str] = None      # int8/uint8 ranges file
+    rerank_max_chunks_per_doc: int = 0               # 0: a too-long rerank document is a 400
 
     # Resolved in __post_init__.
     path: Path = field(init=False)
@@ -199,6 +200,8 @@ class ModelConfig:
         if self.truncation_side not in (None, "left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right'; got "
                              f"{self.truncation_side!r}.")
+        if self.rerank_max_chunks_per_doc < 0:
+            raise ValueError("rerank_max_chunks_per_doc must be 0 (off) or positive.")
         if self.embedding_calibration and not os.path.isfile(self.embedding_calibration):
             raise ValueError(f"embedding_calibration file {self.embedding_calibration!r} "
                              "does not exist.")

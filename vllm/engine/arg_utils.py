@@ -56,6 +56,7 @@ class EngineArgs:
     num_gpu_blocks_override: Optional[int] = None
     truncation_side: Optional[str] = None
     embedding_calibration: Optional[str] = None
+    rerank_max_chunks_per_doc: int = 0
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineArgs":
@@ -87,7 +88,8 @@ class EngineArgs:
             override_pooler_config=self.override_pooler_config,
             trust_remote_code=self.trust_remote_code, revision=self.revision,
             device=self.device, seed=self.seed, truncation_side=self.truncation_side,
-            embedding_calibration=self.embedding_calibration)
+            embedding_calibration=self.embedding_calibration,
+            rerank_max_chunks_per_doc=self.rerank_max_chunks_per_doc)
         cache_config = CacheConfig(block_size=self.block_size,
                                    enable_prefix_caching=self.enable_prefix_caching,
                                    num_gpu_blocks_override=self.num_gpu_blocks_override)

@@ -111,7 +111,7 @@ class InputProcessor:
             raise ValueError(f"truncation_side must be 'left' or 'right'; got {side!r}.")
         return side
 
-    def _encode(self, text: Union[str, list[str]], pair: Optional[str] = None,
+    def encode(self, text: Union[str, list[str]], pair: Optional[str] = None,
                 truncate_prompt_tokens: Optional[int] = None, side: Optional[str] = None,
                 strategy: Union[bool, str] = True, **kwargs: Any):
         """The tokenizer call, cutting at `side` (else the default side)."""
@@ -149,7 +149,7 @@ class InputProcessor:
                      self.mc.max_model_len)
         return capped if k is None else min(k, capped)
 
-    def _num_tokens(self, text: str) -> int:
+    def num_tokens(self, text: str) -> int:
         return len(self.tokenizer(self._text(text), add_special_tokens=False)["input_ids"])
 
     def cap_text(self, text: str, max_tokens: int, side: Optional[str] = None) -> str:
@@ -213,7 +213,7 @@ class InputProcessor:
             else:
                 raise ValueError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key.")
         if isinstance(prompt, str):
-            enc = self._encode(prompt, None, k, side, add_special_tokens=add_special_tokens)
+            enc = self.encode(prompt, None, k, side, add_special_tokens=add_special_tokens)
             out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
@@ -234,7 +234,7 @@ class InputProcessor:
         texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         out: list[Optional[TokenizedPrompt]] = [None] * len(prompts)
         if len(texts) > 1:
-            enc = self._encode([prompts[i] for i in texts], None, truncate_prompt_tokens,
+            enc = self.encode([prompts[i] for i in texts], None, truncate_prompt_tokens,
                                truncation_side)
             types = enc.get("token_type_ids") if self.mc.uses_token_type_ids else None
             for j, i in enumerate(texts):
@@ -282,13 +282,13 @@ class InputProcessor:
         longest_first, as upstream); `max_tokens_2` caps the second text's tokens
         (only_second, as upstream's max_tokens_per_doc)."""
         strategy: Union[bool, str] = True
-        if max_tokens_2 and self._num_tokens(text_2) > max_tokens_2:
-            length = self._num_tokens(text_1) + max_tokens_2 + \
+        if max_tokens_2 and self.num_tokens(text_2) > max_tokens_2:
+            length = self.num_tokens(text_1) + max_tokens_2 + \
                 self.tokenizer.num_special_tokens_to_add(pair=True)
             k = self.check_truncation(truncate_prompt_tokens)
             truncate_prompt_tokens = min(length, k or length, self.mc.max_model_len)
             strategy = "only_second"
-        enc = self._encode(text_1, text_2, truncate_prompt_tokens, truncation_side, strategy)
+        enc = self.encode(text_1, text_2, truncate_prompt_tokens, truncation_side, strategy)
         out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         self.check(out)
         return out

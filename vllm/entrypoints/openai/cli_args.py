@@ -21,7 +21,7 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_
                   "device", "seed", "block_size", "enable_prefix_caching",
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
                   "long_prefill_token_threshold", "num_gpu_blocks_override",
-                  "truncation_side", "embedding_calibration")
+                  "truncation_side", "embedding_calibration", "rerank_max_chunks_per_doc")
 # vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
 _IGNORED_SWITCHES = frozenset({
     "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
@@ -198,6 +198,9 @@ def _add_long_input_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--embedding-calibration", default=None, metavar="FILE",
                        help="int8/uint8 `precision` ranges: a .npy of calibration embeddings, "
                        "or JSON {\"ranges\": [[mins], [maxs]]}.")
+    group.add_argument("--rerank-max-chunks-per-doc", type=int, default=0, metavar="N",
+                       help="Score a rerank document too long for the model by up to N "
+                       "windows (its score: the best window's); 0 = off (a 400, as before).")
 
 
 def _add_compat_flags(parser: argparse.ArgumentParser) -> None:

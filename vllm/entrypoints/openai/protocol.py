@@ -175,6 +175,9 @@ class RerankRequest(LongInputFields):
                                "documents": ("items", "data_2", "text_2")})
     top_n: int = 0  # 0, negative or more than the documents: all of them
     return_documents: bool = True
+    # Score a long document by windows (the best one's score), at most this many; None = the
+    # server's --rerank-max-chunks-per-doc (default 0: off, a too-long pair stays a 400).
+    max_chunks_per_doc: Optional[int] = None
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None
 

@@ -11,8 +11,10 @@ from typing import Any, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from vllm.engine.windows import pair_windows, text_windows
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, RerankRequest, RerankResponse,
+from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, RerankRequest,
+                                              RerankResponse,
                                               RerankResult, RerankUsage, ScoreRequest,
                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
@@ -81,6 +83,61 @@ class ServingScores:
                                      second[j].outputs.data.reshape(-1))) for i, j in pairs]
         return scores, prompt_tokens(outputs)
 
+    async def _window_scores(self, http: Request, route: str, query: str, docs: list[str],
+                             body: RerankRequest, windows: int,
+                             base_id: str) -> tuple[list[float], int]:
+        """Each document's score: the best of its (query, window) scores (cross-encoder) or
+        of its windows' cosines with the query (embedding model)."""
+        ctx = self.ctx
+        ctx.task_for(route)
+        for name in ("max_tokens_per_query", "max_tokens_per_doc", "truncation_side"):
+            if getattr(body, name):
+                raise bad_request(f"{name} cuts a text, windows cover it whole: with "
+                                  "max_chunks_per_doc, leave it unset.", name)
+        truncate = body.truncate_prompt_tokens
+        ctx.check_truncation(truncate)
+        processor, cross = ctx.engine.processor, ctx.model_config.is_cross_encoder
+
+        def work() -> list[list[Any]]:
+            if cross:
+                return [pair_windows(processor, query, d, windows, truncate) for d in docs]
+            return [text_windows(processor, t, n, truncate)
+                    for t, n in [(query, 1)] + [(d, windows) for d in docs]]
+        try:
+            groups = await ctx.engine.run_in_tokenizer_thread(work)
+        except ValueError as exc:
+            raise bad_request(str(exc), "query") from exc
+        flat = [p for group in groups for p in group]
+        ctx.limits.check_tokens(flat, None)
+        if cross:
+            params = ctx.make_params("score", activation=body.activation,
+                                     use_activation=body.use_activation)
+        else:
+            params = ctx.make_params("embed")
+        outputs = await self._run_prefix_first(http, flat, params, base_id, cross)
+        vectors = [o.outputs.data.reshape(-1) for o in outputs]
+        if not cross:
+            query_vec, vectors = vectors[0], vectors[1:]
+            groups = groups[1:]
+        scores, start = [], 0
+        for group in groups:
+            window = vectors[start:start + len(group)]
+            start += len(group)
+            scores.append(max(float(v[0]) if cross else float(cosine_score(query_vec, v))
+                              for v in window))
+        return scores, prompt_tokens(outputs)
+
+    async def _run_prefix_first(self, http: Request, prompts: list[Any], params: Any,
+                                base_id: str, shared_prefix: bool) -> list[Any]:
+        """With prefix caching, the first (query, window) pair runs alone so that every
+        other window finds the query's blocks cached instead of computing them alongside."""
+        ctx = self.ctx
+        cached = ctx.engine.vllm_config.cache_config.enable_prefix_caching
+        if not (shared_prefix and cached and len(prompts) > 1):
+            return await ctx.run(http, prompts, params, base_id, param=None)
+        first = await ctx.run(http, prompts[:1], params, base_id, param=None)
+        return first + await ctx.run(http, prompts[1:], params, base_id, param=None)
+
     async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:
         model = self.ctx.check_model(body.model)
         text_1 = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
@@ -97,8 +154,19 @@ class ServingScores:
         if not body.documents:
             raise bad_request("documents must not be empty.", "documents")
         rid = self.ctx.response_id(http, "rerank", body)
-        scores, tokens = await self._scores(http, route, [body.query], list(body.documents),
-                                            body, body.activation, body.use_activation, rid)
+        windows = body.max_chunks_per_doc
+        if windows is None:
+            windows = self.ctx.model_config.rerank_max_chunks_per_doc
+        if windows < 0:
+            raise bad_request(f"max_chunks_per_doc must be 0 (off) or positive; got {windows}.",
+                              "max_chunks_per_doc")
+        if windows:
+            scores, tokens = await self._window_scores(http, route, body.query,
+                                                       list(body.documents), body, windows, rid)
+        else:
+            scores, tokens = await self._scores(http, route, [body.query],
+                                                list(body.documents), body, body.activation,
+                                                body.use_activation, rid)
         order = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
         if 0 < body.top_n < len(order):
             order = order[:body.top_n]
