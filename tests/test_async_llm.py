@@ -26,8 +26,10 @@ class FakeEngine:
         self.vllm_config = types.SimpleNamespace(model_config=model_config)
         self.tokenizer = None
         self.processor = types.SimpleNamespace(
-            tokenize_many=lambda prompts, truncate=None: [
+            tokenize_many=lambda prompts, truncate=None, side=None: [
                 (threading.current_thread().name, p) for p in prompts],
+            check_truncation=lambda k: k, check_side=lambda side: side,
+            with_prompt=lambda prompts, *args, **kwargs: prompts,
             tokenize_texts=lambda prompts: [
                 (threading.current_thread().name, p.text) for p in prompts],
             tokenize_prompt=lambda prompt, *a, **k: prompt, tokenize_pair=None, tokenizer=None)

@@ -237,8 +237,8 @@ def test_a_post_that_is_not_json_is_a_400(minilm, ctype):
 
 
 # ----- compatibility gaps ------------------------------------------------------------------
-@pytest.mark.parametrize("field,value", [("truncation_side", "left"), ("messages", []),
-                                         ("embed_dtype", "float16"),
+@pytest.mark.parametrize("field,value", [("max_tokens_per_doc", 5), ("messages", []),
+                                         ("chat_template", "x"),
                                          ("mm_processor_kwargs", {})])
 def test_upstream_fields_not_implemented_are_refused_by_name(minilm, field, value):
     response = minilm.post("/v1/embeddings", {"input": "a", field: value})

@@ -287,7 +287,7 @@ BAD_INPUTS = [
      "dimensions"),
     ("out-of-vocab token ids", "/v1/embeddings", {"input": [101, 10 ** 7]}, 400, "input"),
     ("truncate above max_model_len", "/v1/embeddings",
-     {"input": "a", "truncate_prompt_tokens": 100000}, 400, "input"),
+     {"input": "a", "truncate_prompt_tokens": 100000}, 400, "truncate_prompt_tokens"),
     ("truncate zero", "/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 0}, 400,
      "truncate_prompt_tokens"),
     ("truncate not a number", "/v1/embeddings", {"input": "a", "truncate_prompt_tokens": "five"},

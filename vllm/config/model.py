@@ -47,6 +47,10 @@ class ModelConfig:
     revision: Optional[str] = None
     device: str = "auto"
     seed: int = 0
+    # Long inputs and compact outputs (request defaults; see docs/architecture.md)
+    truncation_side: Optional[str] = None            # None: the tokenizer's own side
+    embedding_calibration: Optional[str] = None      # int8/uint8 ranges file
+    rerank_max_chunks_per_doc: int = 0               # 0: a too-long rerank document is a 400
 
     # Resolved in __post_init__.
     path: Path = field(init=False)
@@ -67,6 +71,7 @@ class ModelConfig:
         self.device = self._resolve_device()
         self.dtype = self._resolve_dtype()
         self.max_model_len = self._resolve_max_model_len()
+        self._check_long_input_settings()
 
     # ----- runner / convert ------------------------------------------------------------
     def _resolve_runner_and_convert(self) -> None:
@@ -185,6 +190,38 @@ class ModelConfig:
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be positive.")
         return int(self.max_model_len)
+
+    def _check_long_input_settings(self) -> None:
+        if self.truncation_side not in (None, "left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right'; got "
+                             f"{self.truncation_side!r}.")
+        if self.rerank_max_chunks_per_doc < 0:
+            raise ValueError("rerank_max_chunks_per_doc must be 0 (off) or positive.")
+        if self.embedding_calibration and not os.path.isfile(self.embedding_calibration):
+            raise ValueError(f"embedding_calibration file {self.embedding_calibration!r} "
+                             "does not exist.")
+        st = self.st_config
+        if st is not None and st.prompts:
+            logger.info("sentence-transformers prompts: %s; default_prompt_name: %s",
+                        st.prompts, st.default_prompt_name)
+        pc = self.pooler_config
+        if pc.enable_chunked_processing:
+            if self.convert != "embed":
+                raise ValueError("enable_chunked_processing applies to embedding models only.")
+            logger.info("Chunked processing: inputs up to %s tokens are embedded in chunks of "
+                        "max_model_len=%d.", pc.max_embed_len or "any number of",
+                        self.max_model_len)
+        elif pc.max_embed_len is not None:
+            raise ValueError("max_embed_len needs enable_chunked_processing: true in the "
+                             "pooler config.")
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        return dict(self.st_config.prompts) if self.st_config else {}
+
+    @property
+    def default_prompt_name(self) -> Optional[str]:
+        return self.st_config.default_prompt_name if self.st_config else None
 
     # ----- facts used by the gate, heads and entrypoints -------------------------------
     @property

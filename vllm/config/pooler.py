@@ -34,6 +34,9 @@ class PoolerConfig:
     softmax: Optional[bool] = None
     step_tag_id: Optional[int] = None
     returned_token_ids: Optional[list[int]] = None
+    # Embeddings longer than max_model_len: split into chunks, token-weighted mean (upstream)
+    enable_chunked_processing: Optional[bool] = None
+    max_embed_len: Optional[int] = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "pooling_type":

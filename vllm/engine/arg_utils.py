@@ -55,6 +55,9 @@ class EngineArgs:
     long_prefill_token_threshold: Optional[int] = None
     num_gpu_blocks_override: Optional[int] = None
     gpu_memory_utilization: float = 0.9
+    truncation_side: Optional[str] = None
+    embedding_calibration: Optional[str] = None
+    rerank_max_chunks_per_doc: int = 0
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineArgs":
@@ -85,7 +88,9 @@ class EngineArgs:
             max_model_len=self.max_model_len, hf_overrides=self.hf_overrides,
             override_pooler_config=self.override_pooler_config,
             trust_remote_code=self.trust_remote_code, revision=self.revision,
-            device=self.device, seed=self.seed)
+            device=self.device, seed=self.seed, truncation_side=self.truncation_side,
+            embedding_calibration=self.embedding_calibration,
+            rerank_max_chunks_per_doc=self.rerank_max_chunks_per_doc)
         cache_config = CacheConfig(block_size=self.block_size,
                                    enable_prefix_caching=self.enable_prefix_caching,
                                    num_gpu_blocks_override=self.num_gpu_blocks_override,

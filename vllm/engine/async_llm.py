@@ -189,25 +189,31 @@ class AsyncLLM:
 
     async def tokenize_prompts(self, prompts: Sequence[Any],
                                truncate_prompt_tokens: Optional[int] = None,
-                               add_special_tokens: bool = True) -> list[Any]:
+                               add_special_tokens: bool = True,
+                               truncation_side: Optional[str] = None) -> list[Any]:
         """Tokenize every prompt (str, token ids, or a prompt dict) in one thread hop."""
         processor = self.processor
 
         def work() -> list[Any]:
             if add_special_tokens:  # strings go through the tokenizer in one batch call
-                return processor.tokenize_many(list(prompts), truncate_prompt_tokens)
+                return processor.tokenize_many(list(prompts), truncate_prompt_tokens,
+                                               truncation_side)
             return [processor.tokenize_prompt(p, truncate_prompt_tokens=truncate_prompt_tokens,
-                                              add_special_tokens=False) for p in prompts]
+                                              add_special_tokens=False,
+                                              truncation_side=truncation_side)
+                    for p in prompts]
         return await self.run_in_tokenizer_thread(work)
 
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
-                             truncate_prompt_tokens: Optional[int] = None) -> list[Any]:
+                             truncate_prompt_tokens: Optional[int] = None,
+                             truncation_side: Optional[str] = None,
+                             max_tokens_2: int = 0) -> list[Any]:
         """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form."""
         processor = self.processor
 
         def work() -> list[Any]:
-            return [processor.tokenize_pair(a, b, truncate_prompt_tokens=truncate_prompt_tokens)
-                    for a, b in pairs]
+            return [processor.tokenize_pair(a, b, truncate_prompt_tokens, truncation_side,
+                                            max_tokens_2) for a, b in pairs]
         return await self.run_in_tokenizer_thread(work)
 
     # ----- requests --------------------------------------------------------------------

@@ -10,6 +10,8 @@ from vllm.core.kv_cache_manager import KVCacheManager
 from vllm.core.request import Request
 from vllm.core.scheduler import Scheduler
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.chunking import ChunkedInputs, parent_of
+from vllm.engine.dedup import Deduplicator, request_key
 from vllm.engine.processor import InputProcessor, TokenizedPrompt, load_tokenizer
 from vllm.logger import init_logger
 from vllm.outputs import PoolingOutput, PoolingRequestOutput
@@ -34,6 +36,7 @@ class EngineStats:
     num_preemptions: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    num_deduplicated: int = 0        # requests answered by an identical one in flight
 
 
 class LLMEngine:
@@ -48,6 +51,8 @@ class LLMEngine:
                                  bool(cc.enable_prefix_caching))
         self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv)
         self._stats = EngineStats()
+        self._dedup = Deduplicator()
+        self._chunks = ChunkedInputs(self.model_config.max_model_len)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -60,9 +65,18 @@ class LLMEngine:
         task = params.task or "encode"
         self.verify_task(task)
         params.verify(task, self.model_config)
-        self.processor.check(prompt)
-        self.scheduler.add_request(Request(request_id, prompt.prompt_token_ids, params,
-                                           prompt.token_type_ids, prompt.cache_salt))
+        chunked = task == "embed" and bool(self.model_config.pooler_config
+                                           .enable_chunked_processing)
+        self.processor.check(prompt, chunked)
+        if self._dedup.leader_for(request_id, request_key(prompt, params)) is not None:
+            self._stats.num_deduplicated += 1
+            return
+        parts = [(request_id, prompt)]
+        if chunked and len(prompt.prompt_token_ids) > self.model_config.max_model_len:
+            parts = self._chunks.split(request_id, prompt, bool(params.normalize))
+        for rid, part in parts:
+            self.scheduler.add_request(Request(rid, part.prompt_token_ids, params,
+                                               part.token_type_ids, part.cache_salt))
 
     def verify_task(self, task: str) -> None:
         tasks = self.model_config.supported_tasks
@@ -76,7 +90,8 @@ class LLMEngine:
                          f"with {hint}.")
 
     def abort_request(self, request_ids: list[str]) -> None:
-        self.scheduler.abort(set(request_ids))
+        real = self._dedup.abort(set(request_ids))
+        self.scheduler.abort(real | self._chunks.chunk_ids(real))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -91,7 +106,9 @@ class LLMEngine:
         except Exception:
             # Drop this step's requests (their blocks were promised but maybe not
             # written) so the engine keeps serving others; the caller sees the exception.
-            self.scheduler.abort({s.request.request_id for s in out.scheduled})
+            failed = {s.request.request_id for s in out.scheduled}
+            self.scheduler.abort(failed | self._chunks.drop_chunks(failed))
+            self._dedup.drop(failed | {parent_of(f) or f for f in failed})
             self.kv.reset_prefix_cache()
             raise
         finished = self.scheduler.update(out)
@@ -99,12 +116,20 @@ class LLMEngine:
         self._stats.computed_tokens += out.num_tokens
         outputs = []
         for req in finished:
-            self._stats.num_requests_finished += 1
-            self._stats.prompt_tokens += req.num_tokens
             self._stats.num_split_requests += int(req.num_steps > 1)
-            outputs.append(PoolingRequestOutput(
-                req.request_id, PoolingOutput(pooled[req.request_id]), req.prompt_token_ids,
-                True, req.num_cached_tokens))
+            done = self._chunks.finish(req.request_id, pooled[req.request_id],
+                                       req.num_tokens, req.num_cached_tokens)
+            if done is None:  # a chunk of a long input whose other chunks still run
+                continue
+            ids = done.prompt_token_ids or req.prompt_token_ids
+            emit, followers = self._dedup.finish(done.request_id)
+            for rid in ([done.request_id] if emit else []) + followers:
+                self._stats.num_requests_finished += 1
+                self._stats.prompt_tokens += len(ids)
+                outputs.append(PoolingRequestOutput(
+                    rid, PoolingOutput(done.data if rid == done.request_id
+                                       else done.data.clone()),
+                    list(ids), True, done.num_cached_tokens))
         return outputs
 
     @property

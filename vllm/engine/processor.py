@@ -53,16 +53,25 @@ class TextPrompt:
     tokenizes every text that arrived for a step in one batch (see AsyncLLM)."""
     text: str
     truncate_prompt_tokens: Optional[int] = None
+    truncation_side: Optional[str] = None
 
 
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
 
 
+TRUNCATION_SIDES = ("left", "right")
+
+
 class InputProcessor:
+    """The one place where a text becomes token ids and where truncation is validated
+    (`check_truncation`, `check_side`); `LLM` and the server both come through here."""
+
     def __init__(self, model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
         self.mc = model_config
         self.tokenizer = tokenizer
+        # The server's / LLM's --truncation-side; None = the tokenizer's own side.
+        self.default_side = getattr(model_config, "truncation_side", None)
         self.vocab_size = max(len(tokenizer), getattr(model_config.hf_config, "vocab_size", 0))
         # sentence_bert_config.json's do_lower_case: sentence-transformers (and upstream
         # vLLM) lower-case the text itself before tokenizing; a fast tokenizer ignores a
@@ -79,24 +88,119 @@ class InputProcessor:
         threads sharing one truncate each other's texts (or not) when those differ."""
         return InputProcessor(self.mc, copy.deepcopy(self.tokenizer))
 
-    def _truncation(self, truncate_prompt_tokens: Optional[int]) -> dict:
-        if truncate_prompt_tokens is None:
-            return {}
+    def check_truncation(self, truncate_prompt_tokens: Optional[int]) -> Optional[int]:
+        """`truncate_prompt_tokens` as a number of tokens (-1 = max_model_len), or None;
+        a ValueError saying what to change when it is out of range."""
         k = truncate_prompt_tokens
+        if k is None:
+            return None
         if k == -1:
-            k = self.mc.max_model_len
-        if k < 1 and k != -1:
-            raise ValueError("truncate_prompt_tokens must be -1 or a positive number.")
+            return self.mc.max_model_len
+        if k < 1:
+            raise ValueError("truncate_prompt_tokens must be -1 (= max_model_len) or a "
+                             f"positive number of tokens; got {k}.")
         if k > self.mc.max_model_len:
             raise ValueError(f"truncate_prompt_tokens value ({k}) is greater than "
                              f"max_model_len ({self.mc.max_model_len}). Please select a "
                              "smaller truncation size.")
-        return {"truncation": True, "max_length": k}
+        return k
+
+    @staticmethod
+    def check_side(side: Optional[str]) -> Optional[str]:
+        if side is not None and side not in TRUNCATION_SIDES:
+            raise ValueError(f"truncation_side must be 'left' or 'right'; got {side!r}.")
+        return side
+
+    def encode(self, text: Union[str, list[str]], pair: Optional[str] = None,
+                truncate_prompt_tokens: Optional[int] = None, side: Optional[str] = None,
+                strategy: Union[bool, str] = True, **kwargs: Any):
+        """The tokenizer call, cutting at `side` (else the default side)."""
+        k = self.check_truncation(truncate_prompt_tokens)
+        trunc = {} if k is None else {"truncation": strategy, "max_length": k}
+        side = self.check_side(side) or self.default_side
+        tok = self.tokenizer
+        own = tok.truncation_side
+        if trunc and side is not None:
+            tok.truncation_side = side
+        try:
+            first, second = ("input", None) if pair is None else ("text_1", "text_2")
+            text = [self._text(t) for t in text] if isinstance(text, list) else \
+                self._text(text, first)
+            return tok(text, None if pair is None else self._text(pair, second), **trunc,
+                       **kwargs)
+        finally:
+            tok.truncation_side = own
+
+    def check_cap(self, max_tokens: int, name: str) -> int:
+        """A per-text token cap (max_tokens_per_query / max_tokens_per_doc): 0 = none."""
+        if max_tokens < 0 or max_tokens > self.mc.max_model_len:
+            raise ValueError(f"{name} must be 0 (no cap) or between 1 and max_model_len "
+                             f"({self.mc.max_model_len}); got {max_tokens}.")
+        return max_tokens
+
+    def cap_as_truncation(self, max_tokens: int,
+                          truncate_prompt_tokens: Optional[int]) -> Optional[int]:
+        """A text embedded alone and capped at `max_tokens` tokens (special tokens not
+        counted) is a truncation to `max_tokens` + its special tokens."""
+        k = self.check_truncation(truncate_prompt_tokens)
+        if not max_tokens:
+            return k
+        capped = min(max_tokens + self.tokenizer.num_special_tokens_to_add(pair=False),
+                     self.mc.max_model_len)
+        return capped if k is None else min(k, capped)
+
+    def num_tokens(self, text: str) -> int:
+        return len(self.tokenizer(self._text(text), add_special_tokens=False)["input_ids"])
+
+    def cap_text(self, text: str, max_tokens: int, side: Optional[str] = None) -> str:
+        """`text` cut to its first (or, side "left", last) `max_tokens` tokens, special
+        tokens not counted, for the query of a cross-encoder pair. The cut is made in the
+        text at token offsets (as upstream does for templated pairs)."""
+        if not max_tokens:
+            return text
+        enc = self.tokenizer(self._text(text), add_special_tokens=False,
+                             return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        if len(offsets) <= max_tokens:
+            return text
+        if (self.check_side(side) or self.default_side or "right") == "left":
+            return text[offsets[-max_tokens][0]:]
+        return text[:offsets[max_tokens - 1][1]]
+
+    def with_prompt(self, prompts: list[PromptType], prompt_name: Optional[str] = None,
+                    prompt: Optional[str] = None, default: bool = True) -> list[PromptType]:
+        """Prefix each text with a sentence-transformers prompt: `prompt` (raw) or the
+        model's prompt named `prompt_name`, else (`default`) its default_prompt_name's, as
+        `SentenceTransformer.encode`. The prompt's tokens are part of the input."""
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("Pass either prompt or prompt_name, not both.")
+        known = self.mc.prompts
+        if prompt_name is not None:
+            if prompt_name not in known:
+                raise ValueError(f"Unknown prompt_name {prompt_name!r}; this model's prompts "
+                                 f"are: {', '.join(map(repr, known)) or 'none'}.")
+            prompt = known[prompt_name]
+        elif prompt is None and default and self.mc.default_prompt_name is not None:
+            prompt = known[self.mc.default_prompt_name]
+            if not all(_text_of(p) is not None for p in prompts):
+                return prompts  # token ids as given: the default prompt is for texts
+        if not prompt:
+            return prompts
+        out = []
+        for p in prompts:
+            text = _text_of(p)
+            if text is None:
+                raise ValueError("A prompt (prompt_name or prompt) applies to text inputs; "
+                                 "token-id inputs already hold their prompt.")
+            out.append(prompt + text if isinstance(p, str) else {**p, "prompt": prompt + text})
+        return out
 
     def tokenize_prompt(self, prompt: PromptType, truncate_prompt_tokens: Optional[int] = None,
-                        add_special_tokens: bool = True) -> TokenizedPrompt:
+                        add_special_tokens: bool = True,
+                        truncation_side: Optional[str] = None) -> TokenizedPrompt:
         """str / {"prompt": str} / {"prompt_token_ids": [...]} / [int] -> checked ids."""
-        trunc = self._truncation(truncate_prompt_tokens)
+        k = self.check_truncation(truncate_prompt_tokens)
+        side = self.check_side(truncation_side) or self.default_side
         salt = None
         if isinstance(prompt, dict):
             salt = prompt.get("cache_salt")
@@ -109,13 +213,12 @@ class InputProcessor:
             else:
                 raise ValueError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key.")
         if isinstance(prompt, str):
-            enc = self.tokenizer(self._text(prompt), add_special_tokens=add_special_tokens,
-                                 **trunc)
+            enc = self.encode(prompt, None, k, side, add_special_tokens=add_special_tokens)
             out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
-            if trunc:
-                ids = ids[-trunc["max_length"]:]  # token ids keep their last k, as upstream
+            if k is not None:  # token ids keep their last k unless told "right", as upstream
+                ids = ids[:k] if side == "right" else ids[-k:]
             out = TokenizedPrompt(ids)
         else:
             raise ValueError(f"A prompt must be a str, a list of token ids or a dict; got "
@@ -125,13 +228,14 @@ class InputProcessor:
         return out
 
     def tokenize_many(self, prompts: list[PromptType],
-                      truncate_prompt_tokens: Optional[int] = None) -> list[TokenizedPrompt]:
+                      truncate_prompt_tokens: Optional[int] = None,
+                      truncation_side: Optional[str] = None) -> list[TokenizedPrompt]:
         """Tokenize a list of prompts, plain strings in one fast-tokenizer batch call."""
         texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         out: list[Optional[TokenizedPrompt]] = [None] * len(prompts)
         if len(texts) > 1:
-            trunc = self._truncation(truncate_prompt_tokens)
-            enc = self.tokenizer([self._text(prompts[i]) for i in texts], **trunc)
+            enc = self.encode([prompts[i] for i in texts], None, truncate_prompt_tokens,
+                               truncation_side)
             types = enc.get("token_type_ids") if self.mc.uses_token_type_ids else None
             for j, i in enumerate(texts):
                 out[i] = TokenizedPrompt(list(enc["input_ids"][j]),
@@ -139,7 +243,8 @@ class InputProcessor:
                 self.check(out[i])
         for i, p in enumerate(prompts):
             if out[i] is None:
-                out[i] = self.tokenize_prompt(p, truncate_prompt_tokens)
+                out[i] = self.tokenize_prompt(p, truncate_prompt_tokens,
+                                              truncation_side=truncation_side)
         return out
 
     def tokenize_texts(self, prompts: list[TextPrompt]) -> list[Union[TokenizedPrompt,
@@ -147,22 +252,22 @@ class InputProcessor:
         """Tokenize texts in one batch call per truncation setting; a text the tokenizer or
         the length check refuses gets its ValueError in its place, the others are kept."""
         out: list[Union[TokenizedPrompt, ValueError, None]] = [None] * len(prompts)
-        groups: dict[Optional[int], list[int]] = {}
+        groups: dict[tuple[Optional[int], Optional[str]], list[int]] = {}
         for i, p in enumerate(prompts):
-            groups.setdefault(p.truncate_prompt_tokens, []).append(i)
-        for truncate, idx in groups.items():
+            groups.setdefault((p.truncate_prompt_tokens, p.truncation_side), []).append(i)
+        for (truncate, side), idx in groups.items():
             try:
-                done = self.tokenize_many([prompts[i].text for i in idx], truncate)
+                done = self.tokenize_many([prompts[i].text for i in idx], truncate, side)
             except Exception:  # find the culprit(s): one text at a time
-                done = [self._try_one(prompts[i].text, truncate) for i in idx]
+                done = [self._try_one(prompts[i].text, truncate, side) for i in idx]
             for i, result in zip(idx, done):
                 out[i] = result
         return out  # type: ignore[return-value]
 
-    def _try_one(self, text: str, truncate: Optional[int]) -> Union[TokenizedPrompt,
-                                                                    ValueError]:
+    def _try_one(self, text: str, truncate: Optional[int],
+                 side: Optional[str]) -> Union[TokenizedPrompt, ValueError]:
         try:
-            return self.tokenize_prompt(text, truncate)
+            return self.tokenize_prompt(text, truncate, truncation_side=side)
         except ValueError as exc:
             return exc
         except Exception:  # the tokenizer itself failed on this text: it fails alone
@@ -170,11 +275,20 @@ class InputProcessor:
             return ValueError("The tokenizer could not encode this text.")
 
     def tokenize_pair(self, text_1: str, text_2: str,
-                      truncate_prompt_tokens: Optional[int] = None) -> TokenizedPrompt:
-        """A cross-encoder pair in the tokenizer's own pair form."""
-        trunc = self._truncation(truncate_prompt_tokens)  # longest_first, as upstream
-        enc = self.tokenizer(self._text(text_1, "text_1"), self._text(text_2, "text_2"),
-                             **trunc)
+                      truncate_prompt_tokens: Optional[int] = None,
+                      truncation_side: Optional[str] = None,
+                      max_tokens_2: int = 0) -> TokenizedPrompt:
+        """A cross-encoder pair in the tokenizer's own pair form (truncation
+        longest_first, as upstream); `max_tokens_2` caps the second text's tokens
+        (only_second, as upstream's max_tokens_per_doc)."""
+        strategy: Union[bool, str] = True
+        if max_tokens_2 and self.num_tokens(text_2) > max_tokens_2:
+            length = self.num_tokens(text_1) + max_tokens_2 + \
+                self.tokenizer.num_special_tokens_to_add(pair=True)
+            k = self.check_truncation(truncate_prompt_tokens)
+            truncate_prompt_tokens = min(length, k or length, self.mc.max_model_len)
+            strategy = "only_second"
+        enc = self.encode(text_1, text_2, truncate_prompt_tokens, truncation_side, strategy)
         out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
         self.check(out)
         return out
@@ -184,15 +298,29 @@ class InputProcessor:
             return None
         return list(enc["token_type_ids"])
 
-    def check(self, prompt: TokenizedPrompt) -> None:
+    def check(self, prompt: TokenizedPrompt, chunked: Optional[bool] = None) -> None:
+        """Empty, too long or out-of-vocabulary prompts are a ValueError. `chunked`: the
+        prompt may be embedded in chunks (default: when the pooler config enables it)."""
         ids = prompt.prompt_token_ids
         if not ids:
             raise ValueError("The prompt is empty (it tokenizes to zero tokens); pass some text.")
-        if len(ids) > self.mc.max_model_len:
+        pooler = self.mc.pooler_config
+        if chunked is None:
+            chunked = bool(pooler.enable_chunked_processing)
+        if chunked and pooler.max_embed_len and len(ids) > pooler.max_embed_len:
+            raise ValueError(
+                f"This model's max_embed_len is {pooler.max_embed_len} tokens (chunked "
+                f"processing). However, you requested {len(ids)} tokens in the input for "
+                "pooling. Please reduce the length of the input prompt, or pass "
+                "truncate_prompt_tokens.")
+        if not chunked and len(ids) > self.mc.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {self.mc.max_model_len} tokens. "
                 f"However, you requested {len(ids)} tokens in the input for pooling. Please "
-                "reduce the length of the input prompt, or pass truncate_prompt_tokens.")
+                "reduce the length of the input prompt, or pass truncate_prompt_tokens"
+                + ("" if self.mc.convert != "embed" else ", or embed it in chunks: start "
+                   "with pooler_config {\"enable_chunked_processing\": true, "
+                   "\"max_embed_len\": N}") + ".")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             hint = (" If these are tiktoken ids from LangChain's OpenAIEmbeddings, create it "
@@ -200,3 +328,12 @@ class InputProcessor:
                     if max(bad) >= self.vocab_size else "")
             raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size "
                              f"{self.vocab_size}).{hint}")
+
+
+def _text_of(prompt: PromptType) -> Optional[str]:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str) \
+            and "prompt_token_ids" not in prompt:
+        return prompt["prompt"]
+    return None

@@ -4,11 +4,13 @@ from __future__ import annotations
 import itertools
 from typing import Any, Optional, Sequence, Union
 
+import torch
 from tqdm.auto import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType, TokenizedPrompt
+from vllm.entrypoints.quantize import check_precision, load_calibration, quantize
 from vllm.entrypoints.score_utils import cosine_score, pair_texts
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
@@ -28,6 +30,7 @@ class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
         self._ids = itertools.count()
+        self._ranges: Any = None  # the engine's embedding_calibration ranges, once loaded
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -40,34 +43,56 @@ class LLM:
     # ----- public tasks ---------------------------------------------------------------
     def encode(self, prompts: Prompts, pooling_params: Params = None,
                truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
-               pooling_task: Optional[str] = None, **kwargs: Any) -> list[PoolingRequestOutput]:
+               pooling_task: Optional[str] = None, *, truncation_side: Optional[str] = None,
+               **kwargs: Any) -> list[PoolingRequestOutput]:
         _refuse_extra(kwargs)
         return self._run(prompts, pooling_params, pooling_task or "encode",
-                         truncate_prompt_tokens, use_tqdm)
+                         truncate_prompt_tokens, use_tqdm, truncation_side)
 
     def embed(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
-              use_tqdm: bool = True, pooling_params: Params = None,
-              **kwargs: Any) -> list[EmbeddingRequestOutput]:
+              use_tqdm: bool = True, pooling_params: Params = None, *,
+              truncation_side: Optional[str] = None, prompt_name: Optional[str] = None,
+              prompt: Optional[str] = None, precision: Optional[str] = None,
+              ranges: Any = None, **kwargs: Any) -> list[EmbeddingRequestOutput]:
+        """Embeddings. `prompt_name` / `prompt`: a sentence-transformers prompt before each
+        text (the model's default_prompt_name applies when neither is given);
+        `precision` / `ranges`: `quantize_embeddings`' output types (int8/uint8 need
+        ranges, here or from the engine's `embedding_calibration` file)."""
         _refuse_extra(kwargs)
-        outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm)
+        precision = check_precision(precision)
+        if ranges is not None and precision not in ("int8", "uint8"):
+            raise ValueError("ranges apply to precision int8 and uint8 only.")
+        prompt_list = self.llm_engine.processor.with_prompt(_as_list(prompts), prompt_name,
+                                                            prompt)
+        outs = self._run(prompt_list, pooling_params, "embed", truncate_prompt_tokens,
+                         use_tqdm, truncation_side)
+        if precision != "float32":
+            ranges = ranges if ranges is not None else self._calibration(precision)
+            for o in outs:
+                o.outputs.data = torch.from_numpy(quantize(o.outputs.data, precision, ranges))
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
     def classify(self, prompts: Prompts, use_tqdm: bool = True,
                  pooling_params: Params = None, truncate_prompt_tokens: Optional[int] = None,
+                 *, truncation_side: Optional[str] = None,
                  **kwargs: Any) -> list[ClassificationRequestOutput]:
         _refuse_extra(kwargs)
-        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm)
+        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm,
+                         truncation_side)
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def reward(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
-               use_tqdm: bool = True, pooling_params: Params = None,
+               use_tqdm: bool = True, pooling_params: Params = None, *,
+               truncation_side: Optional[str] = None,
                **kwargs: Any) -> list[PoolingRequestOutput]:
         _refuse_extra(kwargs)
-        return self._run(prompts, pooling_params, "reward", truncate_prompt_tokens, use_tqdm)
+        return self._run(prompts, pooling_params, "reward", truncate_prompt_tokens, use_tqdm,
+                         truncation_side)
 
     def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]],
               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
-              pooling_params: Optional[PoolingParams] = None,
+              pooling_params: Optional[PoolingParams] = None, *,
+              truncation_side: Optional[str] = None,
               **kwargs: Any) -> list[ScoringRequestOutput]:
         """Cross-encoders score each (data_1, data_2) pair; embedding models score the
         cosine similarity of the two embeddings. Pairs: 1->1, 1->N, N->N."""
@@ -76,17 +101,26 @@ class LLM:
         engine.verify_task("score")
         pairs = pair_texts(_texts(data_1), _texts(data_2))
         if engine.model_config.is_cross_encoder:
-            tokenized = [engine.processor.tokenize_pair(a, b, truncate_prompt_tokens)
-                         for a, b in pairs]
+            tokenized = [engine.processor.tokenize_pair(a, b, truncate_prompt_tokens,
+                                                        truncation_side) for a, b in pairs]
             outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
                                        use_tqdm)
             return [ScoringRequestOutput.from_base(o) for o in outs]
-        return self._cosine_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params)
+        return self._cosine_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params,
+                                   truncation_side)
 
     # ----- internals -------------------------------------------------------------------
-    def _cosine_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params):
+    def _calibration(self, precision: str) -> Any:
+        path = self.llm_engine.model_config.embedding_calibration
+        if precision not in ("int8", "uint8") or not path:
+            return None
+        if self._ranges is None:
+            self._ranges = load_calibration(path)
+        return self._ranges
+
+    def _cosine_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None):
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-        embeds = self._run(texts, params, "embed", truncate_prompt_tokens, use_tqdm)
+        embeds = self._run(texts, params, "embed", truncate_prompt_tokens, use_tqdm, side)
         by_text = dict(zip(texts, embeds))
         results = []
         for a, b in pairs:
@@ -100,12 +134,14 @@ class LLM:
         return results
 
     def _run(self, prompts: Prompts, params: Params, task: str,
-             truncate_prompt_tokens: Optional[int], use_tqdm: bool) -> list[PoolingRequestOutput]:
+             truncate_prompt_tokens: Optional[int], use_tqdm: bool,
+             truncation_side: Optional[str] = None) -> list[PoolingRequestOutput]:
         self.llm_engine.verify_task(task)
         prompt_list = _as_list(prompts)
         if not prompt_list:
             return []
-        tokenized = self.llm_engine.processor.tokenize_many(prompt_list, truncate_prompt_tokens)
+        tokenized = self.llm_engine.processor.tokenize_many(prompt_list, truncate_prompt_tokens,
+                                                            truncation_side)
         return self._run_tokenized(tokenized, _params_list(params, len(prompt_list)), task,
                                    use_tqdm)
 

@@ -33,6 +33,10 @@ class SentenceTransformersConfig:
     dense: list[DenseSpec] = field(default_factory=list)
     max_seq_length: Optional[int] = None
     do_lower_case: bool = False
+    # config_sentence_transformers.json: named prompts (e.g. {"query": "query: "}) and the
+    # one encode() applies when a request names none
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: Optional[str] = None
 
 
 def _module_kind(type_name: str) -> str:
@@ -65,7 +69,23 @@ def load_st_config(path: Path) -> Optional[SentenceTransformersConfig]:
     st = next((c for c in (read_json(path / name) for name in _ST_CONFIG_FILES) if c), {})
     cfg.max_seq_length = st.get("max_seq_length")
     cfg.do_lower_case = bool(st.get("do_lower_case", False))
+    _read_prompts(path, cfg)
     return cfg
+
+
+def _read_prompts(path: Path, cfg: SentenceTransformersConfig) -> None:
+    conf = read_json(path / "config_sentence_transformers.json") or {}
+    prompts = conf.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"'prompts' in {path}/config_sentence_transformers.json must map "
+                         "names to prompt strings.")
+    cfg.prompts = dict(prompts)
+    default = conf.get("default_prompt_name")
+    if default is not None and default not in cfg.prompts:
+        raise ValueError(f"default_prompt_name {default!r} in {path}/"
+                         "config_sentence_transformers.json is not one of its prompts "
+                         f"({', '.join(cfg.prompts) or 'none'}).")
+    cfg.default_prompt_name = default
 
 
 # The Transformer module's settings file, named after the model family (the first found).

@@ -21,7 +21,8 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_
                   "device", "seed", "block_size", "enable_prefix_caching",
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
                   "long_prefill_token_threshold", "num_gpu_blocks_override",
-                  "gpu_memory_utilization")
+                  "gpu_memory_utilization", "truncation_side", "embedding_calibration",
+                  "rerank_max_chunks_per_doc")
 # vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
 _IGNORED_SWITCHES = frozenset({
     "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
@@ -190,6 +191,20 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="Fraction of the GPU's memory the engine may use (weights, "
                         "activations and KV cache; CUDA only, default 0.9).")
+    _add_long_input_flags(parser)
+
+
+def _add_long_input_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("long inputs and compact outputs")
+    group.add_argument("--truncation-side", choices=["left", "right"], default=None,
+                       help="Which end truncate_prompt_tokens cuts when a request does not "
+                       "say (default: the tokenizer's, normally right).")
+    group.add_argument("--embedding-calibration", default=None, metavar="FILE",
+                       help="int8/uint8 `precision` ranges: a .npy of calibration embeddings, "
+                       "or JSON {\"ranges\": [[mins], [maxs]]}.")
+    group.add_argument("--rerank-max-chunks-per-doc", type=int, default=0, metavar="N",
+                       help="Score a rerank document too long for the model by up to N "
+                       "windows (its score: the best window's); 0 = off (a 400, as before).")
 
 
 def _add_compat_flags(parser: argparse.ArgumentParser) -> None:

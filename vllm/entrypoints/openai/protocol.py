@@ -25,13 +25,15 @@ PromptInput = Union[Text, list[Text], list[StrictInt], list[list[StrictInt]]]
 # Scalar numbers and flags validate in pydantic's lax mode, as upstream's plain `int` / `bool`
 # fields do ("5" -> 5, "false" -> False); texts and token lists stay strict.
 TruncateTokens = Optional[int]
+# Which end a truncation cuts: None = the server's --truncation-side (default "right").
+TruncationSide = Optional[Literal["left", "right"]]
 
 
 # Request fields upstream vLLM acts on that this server does not implement (yet): each is a
 # 400 naming it rather than silently ignored. A field that gets implemented is declared on
 # its request model and so is no longer an "extra" that reaches this check.
 UNSUPPORTED_UPSTREAM_FIELDS = frozenset({
-    "truncation_side", "messages", "chat_template", "chat_template_kwargs",
+    "messages", "chat_template", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message", "mm_processor_kwargs", "embed_dtype",
     "endianness", "max_tokens_per_doc", "max_tokens_per_query", "cache_salt",
     "return_token_ids", "tools", "lora_request"})
@@ -79,13 +81,22 @@ class EngineRequest(OpenAIBaseModel):
 class EmbeddingRequest(EngineRequest):
     model: Optional[Text] = None
     input: PromptInput
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
     dimensions: Optional[int] = None
     user: Optional[Text] = None
     truncate_prompt_tokens: TruncateTokens = None
+    truncation_side: TruncationSide = None
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
     use_activation: Optional[bool] = None
+    # sentence-transformers' quantization (`quantize_embeddings`) and its int8 ranges
+    precision: Optional[Literal["float32", "int8", "uint8", "binary", "ubinary"]] = None
+    ranges: Optional[list[list[float]]] = None
+    # sentence-transformers / TEI prompts: a named prompt of the model, or a raw prefix
+    prompt_name: Optional[Text] = None
+    prompt: Optional[Text] = None
 
 
 class PoolingRequest(EmbeddingRequest):
@@ -100,6 +111,7 @@ class ClassificationRequest(EngineRequest):
     input: PromptInput
     user: Optional[Text] = None
     truncate_prompt_tokens: TruncateTokens = None
+    truncation_side: TruncationSide = None
     add_special_tokens: bool = True
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None
@@ -120,7 +132,18 @@ def _aliased(data: Any, names: dict[str, tuple[str, ...]]) -> Any:
     return data
 
 
-class ScoreRequest(EngineRequest):
+class LongInputFields(EngineRequest):
+    """Truncation of a score/rerank request: the whole pair (`truncate_prompt_tokens`), or
+    each side's own text (Cohere's `max_tokens_per_query` / `max_tokens_per_doc`, 0 = no
+    cap), cut at `truncation_side`."""
+
+    truncate_prompt_tokens: TruncateTokens = None
+    truncation_side: TruncationSide = None
+    max_tokens_per_query: int = 0
+    max_tokens_per_doc: int = 0
+
+
+class ScoreRequest(LongInputFields):
     """`text_1`/`text_2`, or upstream's newer spellings: `queries` with `documents` or
     `items`, and `data_1`/`data_2`."""
 
@@ -133,12 +156,11 @@ class ScoreRequest(EngineRequest):
     def _spellings(cls, data: Any) -> Any:
         return _aliased(data, {"text_1": ("queries", "data_1"),
                                "text_2": ("documents", "items", "data_2")})
-    truncate_prompt_tokens: TruncateTokens = None
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None
 
 
-class RerankRequest(EngineRequest):
+class RerankRequest(LongInputFields):
     """`query`/`documents`, also spelled as on /score (`queries`/`items`, `data_1`/`data_2`,
     `text_1`/`text_2`)."""
 
@@ -153,7 +175,9 @@ class RerankRequest(EngineRequest):
                                "documents": ("items", "data_2", "text_2")})
     top_n: int = 0  # 0, negative or more than the documents: all of them
     return_documents: bool = True
-    truncate_prompt_tokens: TruncateTokens = None
+    # Score a long document by windows (the best one's score), at most this many; None = the
+    # server's --rerank-max-chunks-per-doc (default 0: off, a too-long pair stays a 400).
+    max_chunks_per_doc: Optional[int] = None
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None
 

@@ -148,16 +148,19 @@ class ServingContext:
         return f"{prefix}-{given or random_hex()}"
 
     # ----- inputs ---------------------------------------------------------------------
-    def check_truncation(self, truncate: Optional[int]) -> Optional[int]:
-        if truncate is None:
-            return None
-        if truncate == -1:
-            return self.model_config.max_model_len
-        if truncate < 1:
-            raise bad_request("truncate_prompt_tokens must be -1 (= max_model_len) or a "
-                              f"positive number of tokens; got {truncate}.",
-                              "truncate_prompt_tokens")
-        return truncate
+    def check_truncation(self, truncate: Optional[int],
+                         side: Optional[str] = None) -> Optional[int]:
+        """The engine processor's check (the one place truncation is validated), as a 400
+        naming the field."""
+        processor = self.engine.processor
+        try:
+            processor.check_side(side)
+        except ValueError as exc:
+            raise bad_request(str(exc), "truncation_side") from exc
+        try:
+            return processor.check_truncation(truncate)
+        except ValueError as exc:
+            raise bad_request(str(exc), "truncate_prompt_tokens") from exc
 
     @staticmethod
     def input_prompts(value: Union[str, list], param: str = "input") -> list[Any]:
@@ -174,31 +177,33 @@ class ServingContext:
 
     async def tokenize(self, prompts: Sequence[Any], truncate: Optional[int],
                        add_special_tokens: bool = True,
-                       param: Optional[str] = "input") -> list[Any]:
+                       param: Optional[str] = "input",
+                       side: Optional[str] = None) -> list[Any]:
         """Engine prompts. Plain strings go to the engine as `TextPrompt`s, which its loop
         tokenizes in one batch between steps (a text it refuses fails in `run`); anything
         else is tokenized here, on the tokenizer thread (a refusal is a 400 naming
         `param`)."""
         self.limits.check_inputs(len(prompts), param)
+        k = self.check_truncation(truncate, side)
         if add_special_tokens and all(isinstance(p, str) for p in prompts) and \
                 self.limits.texts_surely_fit(prompts):
-            k = self.check_truncation(truncate)
-            return [TextPrompt(p, k) for p in prompts]
+            return [TextPrompt(p, k, side) for p in prompts]
         try:
             tokenized = await self.engine.tokenize_prompts(
-                prompts, truncate_prompt_tokens=self.check_truncation(truncate),
-                add_special_tokens=add_special_tokens)
+                prompts, truncate_prompt_tokens=k, add_special_tokens=add_special_tokens,
+                truncation_side=side)
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", param)) from exc
         self.limits.check_tokens(tokenized, param)
         return tokenized
 
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
-                             truncate: Optional[int]) -> list[Any]:
+                             truncate: Optional[int], side: Optional[str] = None,
+                             max_tokens_2: int = 0) -> list[Any]:
         self.limits.check_inputs(len(pairs), None)
+        k = self.check_truncation(truncate, side)
         try:
-            tokenized = await self.engine.tokenize_pairs(
-                pairs, truncate_prompt_tokens=self.check_truncation(truncate))
+            tokenized = await self.engine.tokenize_pairs(pairs, k, side, max_tokens_2)
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", None)) from exc
         self.limits.check_tokens(tokenized, None)

@@ -1,24 +1,22 @@
 """POST /v1/embeddings, /pooling and /classify: one engine request per input."""
 from __future__ import annotations
 
-import base64
-from typing import Any
+import time
+from typing import Any, Optional
 
 import torch
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from vllm.entrypoints.openai.protocol import (ClassificationData, ClassificationRequest,
                                               ClassificationResponse, EmbeddingRequest,
                                               EmbeddingResponse, EmbeddingResponseData,
                                               PoolingRequest, PoolingResponse,
                                               PoolingResponseData, UsageInfo)
+from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_json_value
+from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
-
-
-def encode_base64(data: torch.Tensor) -> str:
-    """Little-endian float32 bytes of the (flattened) tensor, base64-encoded."""
-    array = data.detach().to(torch.float32).contiguous().reshape(-1).numpy()
-    return base64.b64encode(array.astype("<f4", copy=False).tobytes()).decode("ascii")
+from vllm.entrypoints.quantize import load_calibration, quantize
 
 
 def as_list(data: torch.Tensor) -> list[float]:
@@ -36,6 +34,7 @@ class ServingPooling:
 
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
+        self._calibration: Optional[tuple[str, Any]] = None
 
     async def _encode(self, http: Request, route: str, body: Any, prefix: str,
                       **param_fields: Any) -> tuple[str, str, list[Any]]:
@@ -45,33 +44,98 @@ class ServingPooling:
         if getattr(body, "task", None) is not None:  # /pooling may name the task
             task = ctx.check_task(body.task)
         params = ctx.make_params(task, **param_fields)
-        prompts = await ctx.tokenize(ctx.input_prompts(body.input), body.truncate_prompt_tokens,
-                                     body.add_special_tokens)
+        inputs = self._with_prompt(body, ctx.input_prompts(body.input), task)
+        prompts = await ctx.tokenize(inputs, body.truncate_prompt_tokens,
+                                     body.add_special_tokens,
+                                     side=getattr(body, "truncation_side", None))
         response_id = ctx.response_id(http, prefix, body)
         outputs = await ctx.run(http, prompts, params, response_id)
         return model, response_id, outputs
 
-    async def embeddings(self, body: EmbeddingRequest, http: Request) -> EmbeddingResponse:
+    def _with_prompt(self, body: Any, inputs: list[Any], task: str) -> list[Any]:
+        """Apply `prompt_name` / `prompt` (and, for embeddings, the model's default
+        prompt) to the inputs; a bad name is a 400 listing the known ones."""
+        name, raw = getattr(body, "prompt_name", None), getattr(body, "prompt", None)
+        if task != "embed" and name is None and raw is None:
+            return inputs
+        try:
+            return self.ctx.engine.processor.with_prompt(inputs, name, raw,
+                                                         default=task == "embed")
+        except ValueError as exc:
+            raise bad_request(str(exc), "prompt_name" if name else "prompt") from exc
+
+    def _ranges(self, body: EmbeddingRequest) -> Any:
+        """Per-request ranges, else the server's calibration file (loaded once)."""
+        if body.ranges is not None:
+            return body.ranges
+        path = self.ctx.model_config.embedding_calibration
+        if not path:
+            return None
+        if self._calibration is None or self._calibration[0] != path:
+            self._calibration = (path, load_calibration(path))
+        return self._calibration[1]
+
+    def _values(self, body: EmbeddingRequest, outputs: list[Any]) -> list[Any]:
+        """The items to send: float tensors, or `precision`'s quantized arrays."""
+        values = [o.outputs.data for o in outputs]
+        precision = body.precision or "float32"
+        if precision == "float32":
+            return values
+        try:
+            ranges = self._ranges(body) if precision in ("int8", "uint8") else None
+            return [quantize(v, precision, ranges) for v in values]
+        except ValueError as exc:
+            raise bad_request(str(exc), "ranges" if body.ranges is not None
+                              else "precision") from exc
+
+    @staticmethod
+    def _check_output_options(body: EmbeddingRequest) -> None:
+        precision = body.precision or "float32"
+        if precision != "float32" and body.embed_dtype != "float32":
+            raise bad_request(f"embed_dtype applies to float embeddings; precision "
+                              f"{precision!r} sends its own integer values. Leave "
+                              "embed_dtype unset.", "embed_dtype")
+        if body.ranges is not None and precision not in ("int8", "uint8"):
+            raise bad_request("ranges apply to precision int8 and uint8 only.", "ranges")
+
+    def _bytes(self, body: Any, rid: str, model: str, outputs: list[Any],
+               values: list[Any]) -> Response:
+        usage = UsageInfo.of(prompt_tokens(outputs))
+        return bytes_response(values, response_id=rid, created=int(time.time()),
+                              model=model, usage=usage.model_dump(),
+                              encoding_format=body.encoding_format,
+                              embed_dtype=body.embed_dtype, endianness=body.endianness)
+
+    async def embeddings(self, body: EmbeddingRequest, http: Request) -> Any:
+        self._check_output_options(body)
         model, rid, outputs = await self._encode(
             http, "/v1/embeddings", body, "embd", dimensions=body.dimensions,
             normalize=body.normalize, use_activation=body.use_activation)
-        b64 = body.encoding_format == "base64"
-        data = [EmbeddingResponseData(
-            index=i, embedding=encode_base64(o.outputs.data) if b64
-            else as_list(o.outputs.data)) for i, o in enumerate(outputs)]
+        values = self._values(body, outputs)
+        if body.encoding_format in BYTE_FORMATS:
+            return self._bytes(body, rid, model, outputs, values)
+        floats = body.encoding_format == "float"
+        data = [EmbeddingResponseData(index=i, embedding=as_list(v) if floats and isinstance(
+            v, torch.Tensor) else to_json_value(v, body.encoding_format, body.embed_dtype,
+                                                body.endianness))
+            for i, v in enumerate(values)]
         return EmbeddingResponse(id=rid, model=model, data=data,
                                  usage=UsageInfo.of(prompt_tokens(outputs)))
 
-    async def pooling(self, body: PoolingRequest, http: Request) -> PoolingResponse:
+    async def pooling(self, body: PoolingRequest, http: Request) -> Any:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
+        if body.precision is not None or body.ranges is not None:
+            raise bad_request("precision applies to /v1/embeddings only.", "precision")
         model, rid, outputs = await self._encode(
             http, "/pooling", body, "pool", softmax=body.softmax,
             use_activation=body.use_activation, dimensions=body.dimensions,
             normalize=body.normalize)
-        b64 = body.encoding_format == "base64"
-        data = [PoolingResponseData(
-            index=i, data=encode_base64(o.outputs.data) if b64 else o.outputs.data.tolist())
-            for i, o in enumerate(outputs)]
+        values = [o.outputs.data for o in outputs]
+        if body.encoding_format in BYTE_FORMATS:
+            return self._bytes(body, rid, model, outputs, values)
+        data = [PoolingResponseData(index=i, data=to_json_value(
+            v, body.encoding_format, body.embed_dtype, body.endianness))
+            for i, v in enumerate(values)]
         return PoolingResponse(id=rid, model=model, data=data,
                                usage=UsageInfo.of(prompt_tokens(outputs)))
 
@@ -97,14 +161,19 @@ def make_router(serving: ServingPooling) -> APIRouter:
 
     @router.post("/v1/embeddings", dependencies=[guard("/v1/embeddings")])
     async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
-        return json_response(await serving.embeddings(body, request))
+        return _respond(await serving.embeddings(body, request))
 
     @router.post("/pooling", dependencies=[guard("/pooling")])
     async def create_pooling(body: PoolingRequest, request: Request) -> Any:
-        return json_response(await serving.pooling(body, request))
+        return _respond(await serving.pooling(body, request))
 
     @router.post("/classify", dependencies=[guard("/classify")])
     async def create_classify(body: ClassificationRequest, request: Request) -> Any:
         return json_response(await serving.classify(body, request))
 
     return router
+
+
+def _respond(answer: Any) -> Response:
+    return answer if isinstance(answer, Response) else json_response(answer)
+

@@ -11,8 +11,10 @@ from typing import Any, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from vllm.engine.windows import pair_windows, text_windows
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.protocol import (RerankDocument, RerankRequest, RerankResponse,
+from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, RerankRequest,
+                                              RerankResponse,
                                               RerankResult, RerankUsage, ScoreRequest,
                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
@@ -35,18 +37,35 @@ class ServingScores:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
+    def _caps(self, body: LongInputFields) -> tuple[int, int]:
+        processor = self.ctx.engine.processor
+        caps = []
+        for name in ("max_tokens_per_query", "max_tokens_per_doc"):
+            try:
+                caps.append(processor.check_cap(getattr(body, name), name))
+            except ValueError as exc:
+                raise bad_request(str(exc), name) from exc
+        return caps[0], caps[1]
+
     async def _scores(self, http: Request, route: str, text_1: list[str], text_2: list[str],
-                      truncate: Optional[int], activation: Optional[bool],
+                      body: LongInputFields, activation: Optional[bool],
                       use_activation: Optional[bool], base_id: str) -> tuple[list[float], int]:
         """Scores in pair order, plus the prompt tokens processed."""
         ctx = self.ctx
         ctx.task_for(route)
         pairs = pair_up(text_1, text_2)
+        truncate, side = body.truncate_prompt_tokens, body.truncation_side
+        ctx.check_truncation(truncate, side)
+        cap_q, cap_d = self._caps(body)
+        processor = ctx.engine.processor
         if ctx.model_config.is_cross_encoder:
             params = ctx.make_params("score", activation=activation,
                                      use_activation=use_activation)
+            if cap_q:
+                text_1 = await ctx.engine.run_in_tokenizer_thread(
+                    lambda: [processor.cap_text(t, cap_q, side) for t in text_1])
             prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
-                                               truncate)
+                                               truncate, side, cap_d)
             outputs = await ctx.run(http, prompts, params, base_id, param=None)
             scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
             return scores, prompt_tokens(outputs)
@@ -54,20 +73,77 @@ class ServingScores:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
         params = ctx.make_params("embed")
-        prompts = await ctx.tokenize(text_1 + text_2, truncate, param=None)
+        prompts = await ctx.tokenize(text_1, processor.cap_as_truncation(cap_q, truncate),
+                                     param=None, side=side)
+        prompts += await ctx.tokenize(text_2, processor.cap_as_truncation(cap_d, truncate),
+                                      param=None, side=side)
         outputs = await ctx.run(http, prompts, params, base_id, param=None)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
         scores = [float(cosine_score(first[i].outputs.data.reshape(-1),
                                      second[j].outputs.data.reshape(-1))) for i, j in pairs]
         return scores, prompt_tokens(outputs)
 
+    async def _window_scores(self, http: Request, route: str, query: str, docs: list[str],
+                             body: RerankRequest, windows: int,
+                             base_id: str) -> tuple[list[float], int]:
+        """Each document's score: the best of its (query, window) scores (cross-encoder) or
+        of its windows' cosines with the query (embedding model)."""
+        ctx = self.ctx
+        ctx.task_for(route)
+        for name in ("max_tokens_per_query", "max_tokens_per_doc", "truncation_side"):
+            if getattr(body, name):
+                raise bad_request(f"{name} cuts a text, windows cover it whole: with "
+                                  "max_chunks_per_doc, leave it unset.", name)
+        truncate = body.truncate_prompt_tokens
+        ctx.check_truncation(truncate)
+        processor, cross = ctx.engine.processor, ctx.model_config.is_cross_encoder
+
+        def work() -> list[list[Any]]:
+            if cross:
+                return [pair_windows(processor, query, d, windows, truncate) for d in docs]
+            return [text_windows(processor, t, n, truncate)
+                    for t, n in [(query, 1)] + [(d, windows) for d in docs]]
+        try:
+            groups = await ctx.engine.run_in_tokenizer_thread(work)
+        except ValueError as exc:
+            raise bad_request(str(exc), "query") from exc
+        flat = [p for group in groups for p in group]
+        ctx.limits.check_tokens(flat, None)
+        if cross:
+            params = ctx.make_params("score", activation=body.activation,
+                                     use_activation=body.use_activation)
+        else:
+            params = ctx.make_params("embed")
+        outputs = await self._run_prefix_first(http, flat, params, base_id, cross)
+        vectors = [o.outputs.data.reshape(-1) for o in outputs]
+        if not cross:
+            query_vec, vectors = vectors[0], vectors[1:]
+            groups = groups[1:]
+        scores, start = [], 0
+        for group in groups:
+            window = vectors[start:start + len(group)]
+            start += len(group)
+            scores.append(max(float(v[0]) if cross else float(cosine_score(query_vec, v))
+                              for v in window))
+        return scores, prompt_tokens(outputs)
+
+    async def _run_prefix_first(self, http: Request, prompts: list[Any], params: Any,
+                                base_id: str, shared_prefix: bool) -> list[Any]:
+        """With prefix caching, the first (query, window) pair runs alone so that every
+        other window finds the query's blocks cached instead of computing them alongside."""
+        ctx = self.ctx
+        cached = ctx.engine.vllm_config.cache_config.enable_prefix_caching
+        if not (shared_prefix and cached and len(prompts) > 1):
+            return await ctx.run(http, prompts, params, base_id, param=None)
+        first = await ctx.run(http, prompts[:1], params, base_id, param=None)
+        return first + await ctx.run(http, prompts[1:], params, base_id, param=None)
+
     async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:
         model = self.ctx.check_model(body.model)
         text_1 = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
         text_2 = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
         rid = self.ctx.response_id(http, "score", body)
-        scores, tokens = await self._scores(http, route, text_1, text_2,
-                                            body.truncate_prompt_tokens, body.activation,
+        scores, tokens = await self._scores(http, route, text_1, text_2, body, body.activation,
                                             body.use_activation, rid)
         return ScoreResponse(id=rid, model=model, usage=UsageInfo.of(tokens),
                              data=[ScoreResponseData(index=i, score=s)
@@ -78,9 +154,19 @@ class ServingScores:
         if not body.documents:
             raise bad_request("documents must not be empty.", "documents")
         rid = self.ctx.response_id(http, "rerank", body)
-        scores, tokens = await self._scores(http, route, [body.query], list(body.documents),
-                                            body.truncate_prompt_tokens, body.activation,
-                                            body.use_activation, rid)
+        windows = body.max_chunks_per_doc
+        if windows is None:
+            windows = self.ctx.model_config.rerank_max_chunks_per_doc
+        if windows < 0:
+            raise bad_request(f"max_chunks_per_doc must be 0 (off) or positive; got {windows}.",
+                              "max_chunks_per_doc")
+        if windows:
+            scores, tokens = await self._window_scores(http, route, body.query,
+                                                       list(body.documents), body, windows, rid)
+        else:
+            scores, tokens = await self._scores(http, route, [body.query],
+                                                list(body.documents), body, body.activation,
+                                                body.use_activation, rid)
         order = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
         if 0 < body.top_n < len(order):
             order = order[:body.top_n]
