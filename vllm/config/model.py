@@ -12,8 +12,8 @@ from transformers import PretrainedConfig
 
 from vllm.config.pooler import PoolerConfig
 from vllm.logger import init_logger
-from vllm.model_executor.models.registry import (ResolvedArch, convert_architecture,
-                                                 resolve_architecture)
+from vllm.model_executor.models.registry import (ResolvedArch, config_pooling_type,
+                                                 convert_architecture, resolve_architecture)
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
 from vllm.transformers_utils.st_config import SentenceTransformersConfig, load_st_config
@@ -118,6 +118,10 @@ class ModelConfig:
         if cfg.pooling_type is None and st is not None and st.pooling_type is not None:
             cfg.pooling_type = st.pooling_type
             sources.append("pooling_type from the sentence-transformers Pooling config")
+        if cfg.pooling_type is None and self.convert == "classify" and \
+                config_pooling_type(self.hf_config) is not None:
+            cfg.pooling_type = config_pooling_type(self.hf_config)
+            sources.append("pooling_type from the config's classifier_pooling")
         if cfg.pooling_type is None:
             cfg.pooling_type = self.arch.default_pooling_type
             sources.append(f"pooling_type from the class default of {self.arch.architecture}")

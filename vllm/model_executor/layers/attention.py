@@ -8,6 +8,12 @@ In bfloat16 the requests that read no cache take the kernel too (computed in flo
 Writing every new token of the step before any request reads means requests that share a prefix inside one step read
 blocks that are already written. Bidirectional layers keep no cache and see exactly
 their request's own tokens.
+
+Two optional per-layer features (for ModernBERT, Gemma 2/3): `window` = (left, right), the
+farthest a key may sit behind / ahead of its query (a sliding window; causal layers still
+never look ahead), and `softcap`, scores -> cap * tanh(scores / cap) before the softmax.
+A layer with either runs the per-request masked path (`_masked`), unless the window cannot
+cut any key of this step's requests and there is no softcap.
 """
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.attention_metadata import AttentionGroup, AttentionMetadata
+from vllm.model_executor.attention_metadata import (AttentionGroup, AttentionMetadata,
+                                                    token_slots)
 from vllm.model_executor.layers.cpu_kernels import use_varlen_attention, varlen_attention_kernel
 
 
@@ -26,8 +33,11 @@ _NONE = torch.empty(0, dtype=torch.long)  # an absent optional index for the ker
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int,
-                 scale: Optional[float] = None) -> None:
+                 scale: Optional[float] = None, window: Optional[tuple[int, int]] = None,
+                 softcap: Optional[float] = None) -> None:
         super().__init__()
+        self.window = window
+        self.softcap = softcap
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_kv_heads
@@ -45,6 +55,8 @@ class Attention(nn.Module):
         if self.kv_cache is not None and meta.slot_mapping is not None:
             self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
             self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        if self.softcap is not None or (self.window is not None and self._window_cuts(meta)):
+            return self._masked(q, k, v, meta).view(t, -1)
         if use_varlen_attention(q, self.head_dim) and (meta.packed_start == 0 or (
                 self.kv_cache is not None and self.kv_cache.dtype == torch.float32)):
             return self._packed(q, k, v, meta).view(t, -1)
@@ -110,3 +122,57 @@ class Attention(nn.Module):
             is_causal=is_causal and mask is None, scale=self.scale,
             enable_gqa=self.num_kv_heads != self.num_heads)
         return out.transpose(1, 2)
+
+    # ----- sliding window / softcapping ---------------------------------------------------
+    def _window_cuts(self, meta: AttentionMetadata) -> bool:
+        """Whether the window hides any key from any query of this step."""
+        longest = max(c + n for c, n in zip(meta.num_computed, meta.num_new))
+        left, right = self.window
+        return longest - 1 > (left if meta.causal else min(left, right))
+
+    def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """One request at a time with an explicit mask (window, causality) and softcap;
+        cache readers take their keys from the cache slots."""
+        out = q.new_empty(q.shape)
+        for i in range(meta.num_reqs):
+            s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+            done = meta.num_computed[i]
+            if done > 0:
+                slots = token_slots(meta.block_tables[i], 0, done + e - s, meta.block_size)
+                keys = self.kv_cache[0][slots.to(q.device)]
+                values = self.kv_cache[1][slots.to(q.device)]
+            else:
+                keys, values = k[s:e], v[s:e]
+            mask = self._mask(done, e - s, keys.shape[0], meta.causal, q.device)
+            out[s:e] = self._attend(q[s:e], keys, values, mask)
+        return out
+
+    def _mask(self, done: int, n: int, total: int, causal: bool,
+              device: torch.device) -> Optional[torch.Tensor]:
+        """[n, total] bool, True = attend; None when every key is visible."""
+        dist = torch.arange(total, device=device)[None, :] - \
+            torch.arange(done, done + n, device=device)[:, None]   # key - query
+        mask = torch.ones(n, total, dtype=torch.bool, device=device)
+        if causal:
+            mask &= dist <= 0
+        if self.window is not None:
+            left, right = self.window
+            mask &= (dist >= -left) & (dist <= right)
+        return None if bool(mask.all()) else mask
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """[n, Hq, D] queries over [L, Hkv, D] keys -> [n, Hq, D]."""
+        if self.softcap is None:
+            return self._sdpa(q[None], k[None], v[None], mask, False)[0]
+        groups = self.num_heads // self.num_kv_heads
+        qh = q.transpose(0, 1).float()                                  # [Hq, n, D]
+        kh = k.transpose(0, 1).float().repeat_interleave(groups, 0)     # [Hq, L, D]
+        vh = v.transpose(0, 1).float().repeat_interleave(groups, 0)
+        scores = torch.tanh(qh @ kh.transpose(1, 2) * (self.scale / self.softcap))
+        scores = scores * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return (probs @ vh).transpose(0, 1).to(q.dtype)

@@ -31,6 +31,10 @@ _REGISTRY: dict[str, ModelEntry] = {
     "XLMRobertaModel": ModelEntry("roberta", "RobertaModel", "CLS", "embed", False),
     "XLMRobertaForSequenceClassification":
         ModelEntry("roberta", "RobertaForSequenceClassification", "CLS", "classify", False),
+    "ModernBertModel": ModelEntry("modernbert", "ModernBertModel", "CLS", "embed", False),
+    "ModernBertForSequenceClassification":
+        ModelEntry("modernbert", "ModernBertForSequenceClassification", "CLS", "classify",
+                   False),
 }
 for _prefix, _module in _DECODERS.items():
     _cls = {"Qwen2": "Qwen2Model", "Qwen3": "Qwen3Model", "Llama": "LlamaModel",
@@ -59,6 +63,13 @@ class ResolvedArch:
     adapter: Optional[str]   # None | "classify" | "reward" | "embed"
     default_pooling_type: str
     native_convert: str
+
+
+def config_pooling_type(hf_config) -> Optional[str]:
+    """A pooling type the checkpoint's config fixes for its classifier head (ModernBERT's
+    `classifier_pooling`), or None."""
+    mode = getattr(hf_config, "classifier_pooling", None)
+    return {"cls": "CLS", "mean": "MEAN"}.get(mode) if isinstance(mode, str) else None
 
 
 def supported_architectures() -> list[str]:

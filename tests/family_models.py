@@ -1,0 +1,167 @@
+"""Tiny seeded checkpoints of the newer families (ModernBERT, Gemma 2/3, DeBERTa-v2, SPLADE,
+ColBERT) and their Transformers references (eager attention, one prompt at a time).
+
+Same conventions as `model_factory`: hidden 64, a few layers, `torch.manual_seed`, seeded
+noise on every parameter, float32 safetensors, a tokenizer beside the weights. Sliding
+windows are small (8-16 tokens) so the test prompts (up to 200 tokens) run past them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+from typing import Callable, Optional, Sequence
+
+import torch
+
+import model_factory as mf
+
+SEED = mf.SEED + 100
+
+
+def _finish(model, path: pathlib.Path, tokenizer: str) -> pathlib.Path:
+    mf._perturb(model)
+    mf._save(model, path)
+    if tokenizer == "bert":
+        mf.save_bert_tokenizer(path, model_input_names=["input_ids", "attention_mask"])
+    else:
+        mf.save_bpe_tokenizer(path)
+    return path
+
+
+def make_modernbert(path, *, cls: str = "ModernBertModel", num_labels: Optional[int] = None,
+                    pooling: str = "cls", seed: int = SEED, **config) -> pathlib.Path:
+    """ModernBERT: 3 layers (global, local, local), local_attention 16 (8 each side)."""
+    import transformers
+    path = mf._fresh(path)
+    kw = dict(vocab_size=mf.BERT_VOCAB, hidden_size=64, intermediate_size=96,
+              num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=512,
+              global_attn_every_n_layers=3, local_attention=16, pad_token_id=0,
+              bos_token_id=101, cls_token_id=101, eos_token_id=102, sep_token_id=102,
+              classifier_pooling=pooling, norm_bias=True, attention_bias=True, mlp_bias=True,
+              classifier_bias=True)
+    if num_labels is not None:
+        kw["num_labels"] = num_labels
+    kw.update(config)
+    cfg = transformers.ModernBertConfig(**kw)
+    torch.manual_seed(seed)
+    return _finish(getattr(transformers, cls)(cfg), path, "bert")
+
+
+def _gemma_config(family: str, **overrides):
+    import transformers
+    eos = mf.bpe_token_id(mf.BPE_EOS)
+    kw = dict(vocab_size=mf.BPE_VOCAB, hidden_size=64, intermediate_size=128,
+              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=12,
+              query_pre_attn_scalar=24, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
+              hidden_activation="gelu_pytorch_tanh", attn_implementation="eager")
+    if family == "gemma2":
+        kw.update(attn_logit_softcapping=5.0, final_logit_softcapping=30.0)
+        cfg_cls = transformers.Gemma2Config
+    else:
+        kw.update(rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+            layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                         "full_attention"])
+        cfg_cls = transformers.Gemma3TextConfig
+    kw.update(overrides)
+    return cfg_cls(**kw)
+
+
+def make_gemma(path, family: str, *, cls: str, num_labels: Optional[int] = None,
+               seed: int = SEED + 1, **overrides) -> pathlib.Path:
+    """Gemma2 (attention softcap 5.0, window 12 on alternate layers) or Gemma3 text (QK-norm,
+    per-layer-type rope, window 12); `cls` is the Transformers class to save."""
+    import transformers
+    path = mf._fresh(path)
+    if num_labels is not None:
+        overrides["num_labels"] = num_labels
+    cfg = _gemma_config(family, **overrides)
+    torch.manual_seed(seed)
+    return _finish(getattr(transformers, cls)(cfg), path, "bpe")
+
+
+def make_embeddinggemma(path, seed: int = SEED + 2) -> pathlib.Path:
+    """EmbeddingGemma layout: Gemma3TextModel with use_bidirectional_attention, and
+    sentence-transformers [Transformer, Pooling mean, Dense 64->96, Dense 96->64, Normalize]
+    (both Dense without bias and with Identity activation, as the real model)."""
+    path = make_gemma(path, "gemma3", cls="Gemma3TextModel", seed=seed,
+                      use_bidirectional_attention=True, sliding_window=16)
+    mf.write_st_files(path, pooling="mean", normalize=False)
+    modules = json.loads((path / "modules.json").read_text())
+    gen = torch.Generator().manual_seed(seed)
+    for d_in, d_out in ((64, 96), (96, 64)):
+        idx = len(modules)
+        rel = f"{idx}_Dense"
+        (path / rel).mkdir()
+        (path / rel / "config.json").write_text(json.dumps({
+            "in_features": d_in, "out_features": d_out, "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity"}))
+        from safetensors.torch import save_file
+        weight = torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5
+        save_file({"linear.weight": weight.contiguous()}, str(path / rel / "model.safetensors"))
+        modules.append({"idx": idx, "name": str(idx), "path": rel, "type": mf.ST_DENSE})
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "3_Normalize",
+                    "type": mf.ST_NORMALIZE})
+    (path / "3_Normalize").mkdir(exist_ok=True)
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    return path
+
+
+# --------------------------------------------------------------------------- references
+
+@functools.lru_cache(maxsize=None)
+def hf_model(path: str, kind: str = "base", **config):
+    """A Transformers model in float32, eager attention; `config` edits its config."""
+    import transformers
+    cls = {"base": transformers.AutoModel,
+           "seqcls": transformers.AutoModelForSequenceClassification,
+           "causal": transformers.AutoModelForCausalLM,
+           "mlm": transformers.AutoModelForMaskedLM}[kind]
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    for k, v in config.items():
+        setattr(cfg, k, v)
+    cfg._attn_implementation = "eager"
+    return cls.from_pretrained(path, config=cfg, dtype=torch.float32).eval()
+
+
+def hf_hidden(path, ids: Sequence[int], **config) -> torch.Tensor:
+    with torch.inference_mode():
+        out = hf_model(str(path), "base", **config)(input_ids=torch.tensor([list(ids)]))
+    return out.last_hidden_state[0].float()
+
+
+def hf_logits(path, ids: Sequence[int], **config) -> torch.Tensor:
+    with torch.inference_mode():
+        out = hf_model(str(path), "seqcls", **config)(input_ids=torch.tensor([list(ids)]))
+    return out.logits[0].float()
+
+
+CHECKPOINTS: dict[str, tuple[str, Callable[[pathlib.Path], pathlib.Path]]] = {
+    "modernbert_embed_dir": (
+        "ModernBertModel (3 layers: global, local, local; local_attention 16)",
+        lambda p: make_modernbert(p)),
+    "modernbert_cls_dir": (
+        "ModernBertForSequenceClassification, classifier_pooling cls, num_labels 1",
+        lambda p: make_modernbert(p, cls="ModernBertForSequenceClassification", num_labels=1,
+                                  seed=SEED + 10)),
+    "modernbert_mean3_dir": (
+        "ModernBertForSequenceClassification, classifier_pooling mean, num_labels 3",
+        lambda p: make_modernbert(p, cls="ModernBertForSequenceClassification", num_labels=3,
+                                  pooling="mean", seed=SEED + 11)),
+    "gemma2_embed_dir": (
+        "Gemma2ForCausalLM (4 layers, window 12 on alternate layers, attention softcap 5)",
+        lambda p: make_gemma(p, "gemma2", cls="Gemma2ForCausalLM", seed=SEED + 12)),
+    "gemma3_causal_dir": (
+        "Gemma3ForCausalLM (4 layers, QK-norm, window 12 on layers 0 and 2)",
+        lambda p: make_gemma(p, "gemma3", cls="Gemma3ForCausalLM", seed=SEED + 13)),
+    "gemma3_cls_dir": (
+        "Gemma3TextForSequenceClassification, num_labels 2",
+        lambda p: make_gemma(p, "gemma3", cls="Gemma3TextForSequenceClassification",
+                             num_labels=2, seed=SEED + 14)),
+    "embeddinggemma_dir": (
+        "EmbeddingGemma layout: bidirectional Gemma3TextModel + ST mean, Dense, Dense, Normalize",
+        lambda p: make_embeddinggemma(p)),
+}
