@@ -57,7 +57,8 @@ def _gemma_config(family: str, **overrides):
               query_pre_attn_scalar=24, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
               hidden_activation="gelu_pytorch_tanh", attn_implementation="eager")
     if family == "gemma2":
-        kw.update(attn_logit_softcapping=5.0, final_logit_softcapping=30.0)
+        kw.update(attn_logit_softcapping=1.0, final_logit_softcapping=30.0,
+                  query_pre_attn_scalar=4)
         cfg_cls = transformers.Gemma2Config
     else:
         kw.update(rope_parameters={
@@ -72,7 +73,7 @@ def _gemma_config(family: str, **overrides):
 
 def make_gemma(path, family: str, *, cls: str, num_labels: Optional[int] = None,
                seed: int = SEED + 1, **overrides) -> pathlib.Path:
-    """Gemma2 (attention softcap 5.0, window 12 on alternate layers) or Gemma3 text (QK-norm,
+    """Gemma2 (attention softcap 1.0, window 12 on alternate layers) or Gemma3 text (QK-norm,
     per-layer-type rope, window 12); `cls` is the Transformers class to save."""
     import transformers
     path = mf._fresh(path)
@@ -152,7 +153,7 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[pathlib.Path], pathlib.Path]]] = {
         lambda p: make_modernbert(p, cls="ModernBertForSequenceClassification", num_labels=3,
                                   pooling="mean", seed=SEED + 11)),
     "gemma2_embed_dir": (
-        "Gemma2ForCausalLM (4 layers, window 12 on alternate layers, attention softcap 5)",
+        "Gemma2ForCausalLM (4 layers, window 12 on alternate layers, attention softcap 1)",
         lambda p: make_gemma(p, "gemma2", cls="Gemma2ForCausalLM", seed=SEED + 12)),
     "gemma3_causal_dir": (
         "Gemma3ForCausalLM (4 layers, QK-norm, window 12 on layers 0 and 2)",

@@ -202,8 +202,10 @@ class ModelConfig:
 
     @property
     def is_causal(self) -> bool:
-        """Causal attention: a decoder class, and `is_causal` not set false in the config."""
-        return self.arch.base.is_causal and getattr(self.hf_config, "is_causal", True) is not False
+        """Causal attention: a decoder class, `is_causal` not set false in the config and
+        no `use_bidirectional_attention: true` (EmbeddingGemma)."""
+        return self.arch.base.is_causal and getattr(self.hf_config, "is_causal", True) \
+            is not False and not getattr(self.hf_config, "use_bidirectional_attention", False)
 
     @property
     def num_labels(self) -> int:

@@ -35,6 +35,10 @@ _REGISTRY: dict[str, ModelEntry] = {
     "ModernBertForSequenceClassification":
         ModelEntry("modernbert", "ModernBertForSequenceClassification", "CLS", "classify",
                    False),
+    "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
+    "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
+    "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
+    "Gemma3TextModel": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
 }
 for _prefix, _module in _DECODERS.items():
     _cls = {"Qwen2": "Qwen2Model", "Qwen3": "Qwen3Model", "Llama": "LlamaModel",
@@ -74,7 +78,7 @@ def config_pooling_type(hf_config) -> Optional[str]:
 
 def supported_architectures() -> list[str]:
     names = set(_REGISTRY)
-    for prefix in _DECODERS:
+    for prefix in (*_DECODERS, "Gemma2", "Gemma3", "Gemma3Text"):
         names.update(f"{prefix}{suffix}" for suffix in
                      ("ForSequenceClassification", "ForRewardModel", "ForProcessRewardModel"))
     return sorted(names)
