@@ -111,6 +111,31 @@ def make_embeddinggemma(path, seed: int = SEED + 2) -> pathlib.Path:
     return path
 
 
+def make_deberta(path, *, num_labels: int = 1, v3: bool = True,
+                 seed: int = SEED + 3) -> pathlib.Path:
+    """DebertaV2ForSequenceClassification. v3: shared attention keys, no absolute positions,
+    16 log buckets (exact distances only within +-8, so long pairs reach the log range);
+    v3=False: separate pos_key/pos_query projections, absolute positions, 64 plain
+    relative positions."""
+    import transformers
+    path = mf._fresh(path)
+    kw = dict(vocab_size=mf.BERT_VOCAB, hidden_size=64, num_hidden_layers=2,
+              num_attention_heads=4, intermediate_size=128, max_position_embeddings=512,
+              relative_attention=True, pos_att_type=["p2c", "c2p"], pooler_hidden_size=64,
+              pooler_hidden_act="gelu", hidden_act="gelu", pooler_dropout=0.0,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
+              num_labels=num_labels, type_vocab_size=0)
+    if v3:
+        kw.update(position_buckets=16, max_relative_positions=-1, norm_rel_ebd="layer_norm",
+                  share_att_key=True, position_biased_input=False)
+    else:
+        kw.update(max_relative_positions=64, share_att_key=False, position_biased_input=True)
+    torch.manual_seed(seed)
+    model = transformers.DebertaV2ForSequenceClassification(
+        transformers.DebertaV2Config(**kw))
+    return _finish(model, path, "bert")
+
+
 # --------------------------------------------------------------------------- references
 
 @functools.lru_cache(maxsize=None)
@@ -162,6 +187,12 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[pathlib.Path], pathlib.Path]]] = {
         "Gemma3TextForSequenceClassification, num_labels 2",
         lambda p: make_gemma(p, "gemma3", cls="Gemma3TextForSequenceClassification",
                              num_labels=2, seed=SEED + 14)),
+    "deberta_ce_dir": (
+        "DeBERTa-v3-style cross-encoder (1 label, 16 log position buckets, shared keys)",
+        lambda p: make_deberta(p)),
+    "deberta_nli_dir": (
+        "DeBERTa-v2-style classifier (3 labels, separate position projections, abs. positions)",
+        lambda p: make_deberta(p, num_labels=3, v3=False, seed=SEED + 4)),
     "embeddinggemma_dir": (
         "EmbeddingGemma layout: bidirectional Gemma3TextModel + ST mean, Dense, Dense, Normalize",
         lambda p: make_embeddinggemma(p)),

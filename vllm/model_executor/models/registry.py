@@ -35,6 +35,10 @@ _REGISTRY: dict[str, ModelEntry] = {
     "ModernBertForSequenceClassification":
         ModelEntry("modernbert", "ModernBertForSequenceClassification", "CLS", "classify",
                    False),
+    "DebertaV2Model": ModelEntry("deberta_v2", "DebertaV2Model", "CLS", "embed", False),
+    "DebertaV2ForSequenceClassification":
+        ModelEntry("deberta_v2", "DebertaV2ForSequenceClassification", "CLS", "classify",
+                   False),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
