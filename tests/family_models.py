@@ -136,6 +136,33 @@ def make_deberta(path, *, num_labels: int = 1, v3: bool = True,
     return _finish(model, path, "bert")
 
 
+def make_splade(path, *, sparse_encoder: bool = False, seed: int = SEED + 5) -> pathlib.Path:
+    """BertForMaskedLM (tied decoder, so no decoder weight is saved). sparse_encoder=False:
+    config.json names BertSpladeSparseEmbeddingModel; True: saved by sentence-transformers'
+    SparseEncoder [MLMTransformer, SpladePooling max] (config.json keeps BertForMaskedLM)."""
+    import transformers
+    path = mf._fresh(path)
+    torch.manual_seed(seed)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(**mf._bert_kwargs()))
+    _finish(model, path, "bert")
+    if not sparse_encoder:
+        return mf.edit_config(path, architectures=["BertSpladeSparseEmbeddingModel"])
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    src = path.with_name(path.name + "_src")
+    path.rename(src)
+    SparseEncoder(modules=[MLMTransformer(str(src)), SpladePooling("max")],
+                  device="cpu").save(str(path))
+    return path
+
+
+def splade_reference(path, ids: Sequence[int]) -> torch.Tensor:
+    """max over tokens of log(1 + relu(MLM logits)), from BertForMaskedLM."""
+    with torch.inference_mode():
+        logits = hf_model(str(path), "mlm")(input_ids=torch.tensor([list(ids)])).logits[0]
+    return torch.log1p(torch.relu(logits.float())).amax(0)
+
+
 # --------------------------------------------------------------------------- references
 
 @functools.lru_cache(maxsize=None)
@@ -193,6 +220,12 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[pathlib.Path], pathlib.Path]]] = {
     "deberta_nli_dir": (
         "DeBERTa-v2-style classifier (3 labels, separate position projections, abs. positions)",
         lambda p: make_deberta(p, num_labels=3, v3=False, seed=SEED + 4)),
+    "splade_dir": (
+        "BertForMaskedLM with architectures [BertSpladeSparseEmbeddingModel], tied decoder",
+        lambda p: make_splade(p)),
+    "splade_st_dir": (
+        "sentence-transformers SparseEncoder: MLMTransformer (BertForMaskedLM) + SpladePooling",
+        lambda p: make_splade(p, sparse_encoder=True, seed=SEED + 6)),
     "embeddinggemma_dir": (
         "EmbeddingGemma layout: bidirectional Gemma3TextModel + ST mean, Dense, Dense, Normalize",
         lambda p: make_embeddinggemma(p)),

@@ -66,6 +66,7 @@ class ModelConfig:
         self.tokenizer = self.tokenizer or str(self.path)
         self.hf_config = load_hf_config(self.path, self.hf_overrides)
         self.st_config = load_st_config(self.path)
+        self._apply_sparse_encoder()
         self._resolve_runner_and_convert()
         self.pooler_config = self._resolve_pooler_config()
         if self.pooler_config.dimensions is not None:  # every embed request's default
@@ -73,6 +74,21 @@ class ModelConfig:
         self.device = self._resolve_device()
         self.dtype = self._resolve_dtype()
         self.max_model_len = self._resolve_max_model_len()
+
+    def _apply_sparse_encoder(self) -> None:
+        """A sentence-transformers SparseEncoder (MLM transformer + SpladePooling) is served
+        as upstream's BertSpladeSparseEmbeddingModel with its pooling settings."""
+        splade = self.st_config.splade if self.st_config is not None else None
+        if splade is None:
+            return
+        arch = self.hf_config.architectures[0]
+        if arch not in ("BertForMaskedLM", "BertSpladeSparseEmbeddingModel"):
+            raise ValueError(f"SpladePooling is supported on BERT masked-LM checkpoints; this "
+                             f"one is {arch}.")
+        self.hf_config.architectures = ["BertSpladeSparseEmbeddingModel"]
+        self.hf_config.splade_pooling, self.hf_config.splade_activation = splade
+        logger.info("sentence-transformers SparseEncoder: served as "
+                    "BertSpladeSparseEmbeddingModel (pooling %s, activation %s)", *splade)
 
     # ----- runner / convert ------------------------------------------------------------
     def _resolve_runner_and_convert(self) -> None:
@@ -126,7 +142,8 @@ class ModelConfig:
             cfg.pooling_type = self.arch.default_pooling_type
             sources.append(f"pooling_type from the class default of {self.arch.architecture}")
         if self.convert == "embed" and cfg.normalize is None:
-            cfg.normalize = st.normalize if st is not None else True
+            # Sparse (SPLADE) weights are never normalised by default.
+            cfg.normalize = st.normalize if st is not None else cfg.pooling_type != "SPLADE"
             sources.append("normalize from " + ("the sentence-transformers modules"
                                                  if st is not None else "the embed default"))
         if self.convert in ("classify",) and cfg.activation is None:

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP")
+POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP", "SPLADE")
 
 
 class PoolerConfig(BaseModel):

@@ -10,6 +10,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.entrypoints.score_utils import cosine_score, pair_texts
+from vllm.entrypoints.sparse import check_sparse
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
 from vllm.pooling_params import PoolingParams
@@ -46,11 +47,17 @@ class LLM:
                          truncate_prompt_tokens, use_tqdm)
 
     def embed(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
-              use_tqdm: bool = True, pooling_params: Params = None,
+              use_tqdm: bool = True, pooling_params: Params = None, sparse: bool = False,
               **kwargs: Any) -> list[EmbeddingRequestOutput]:
+        """`sparse=True` (SPLADE models): each output's `embedding` is {token_id: weight}
+        of the non-zero weights instead of the vocabulary-size list."""
         _refuse_extra(kwargs)
+        if sparse:
+            check_sparse(self.llm_engine.model_config)
         outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm)
-        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+        convert = EmbeddingRequestOutput.sparse_from_base if sparse else \
+            EmbeddingRequestOutput.from_base
+        return [convert(o) for o in outs]
 
     def classify(self, prompts: Prompts, use_tqdm: bool = True,
                  pooling_params: Params = None, truncate_prompt_tokens: Optional[int] = None,

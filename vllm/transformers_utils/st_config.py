@@ -14,7 +14,8 @@ _POOLING_MODES = {
 }
 _UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                       "pooling_mode_weightedmean_tokens")
-_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer",
+                      "SpladePooling")
 
 
 @dataclass
@@ -33,6 +34,8 @@ class SentenceTransformersConfig:
     dense: list[DenseSpec] = field(default_factory=list)
     max_seq_length: Optional[int] = None
     do_lower_case: bool = False
+    # A SparseEncoder's SpladePooling: (pooling_strategy, activation_function).
+    splade: Optional[tuple[str, str]] = None
 
 
 def _module_kind(type_name: str) -> str:
@@ -60,6 +63,11 @@ def load_st_config(path: Path) -> Optional[SentenceTransformersConfig]:
             cfg.pooling_type = _pooling_type(mpath)
         elif kind == "Dense":
             cfg.dense.append(_dense_spec(mpath))
+        elif kind == "SpladePooling":
+            conf = read_json(mpath / "config.json") or {}
+            cfg.pooling_type = "SPLADE"
+            cfg.splade = (conf.get("pooling_strategy", "max"),
+                          conf.get("activation_function", "relu"))
         elif kind == "Normalize":
             cfg.normalize = True
     st = next((c for c in (read_json(path / name) for name in _ST_CONFIG_FILES) if c), {})

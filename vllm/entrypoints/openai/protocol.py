@@ -86,6 +86,8 @@ class EmbeddingRequest(EngineRequest):
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
     use_activation: Optional[bool] = None
+    # SPLADE models: {token_id: weight} of the non-zero weights instead of the full vector.
+    sparse: bool = False
 
 
 class PoolingRequest(EmbeddingRequest):
@@ -198,7 +200,7 @@ class _ListResponse(BaseModel):
 class EmbeddingResponseData(BaseModel):
     index: int
     object: Literal["embedding"] = "embedding"
-    embedding: Union[list[float], str]
+    embedding: Union[list[float], str, dict[int, float]]
 
 
 class EmbeddingResponse(_ListResponse):

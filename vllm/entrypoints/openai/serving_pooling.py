@@ -12,7 +12,10 @@ from vllm.entrypoints.openai.protocol import (ClassificationData, Classification
                                               EmbeddingResponse, EmbeddingResponseData,
                                               PoolingRequest, PoolingResponse,
                                               PoolingResponseData, UsageInfo)
+from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
+from vllm.entrypoints.sparse import check_sparse
+from vllm.outputs import sparse_weights
 
 
 def encode_base64(data: torch.Tensor) -> str:
@@ -52,18 +55,29 @@ class ServingPooling:
         return model, response_id, outputs
 
     async def embeddings(self, body: EmbeddingRequest, http: Request) -> EmbeddingResponse:
+        if body.sparse:
+            try:
+                check_sparse(self.ctx.model_config)
+            except ValueError as exc:
+                raise bad_request(str(exc), "sparse") from exc
+            if body.encoding_format == "base64":
+                raise bad_request("sparse embeddings are JSON objects; use "
+                                  "encoding_format 'float' with sparse.", "encoding_format")
         model, rid, outputs = await self._encode(
             http, "/v1/embeddings", body, "embd", dimensions=body.dimensions,
             normalize=body.normalize, use_activation=body.use_activation)
         b64 = body.encoding_format == "base64"
         data = [EmbeddingResponseData(
-            index=i, embedding=encode_base64(o.outputs.data) if b64
-            else as_list(o.outputs.data)) for i, o in enumerate(outputs)]
+            index=i, embedding=sparse_weights(o.outputs.data) if body.sparse else
+            encode_base64(o.outputs.data) if b64 else as_list(o.outputs.data))
+            for i, o in enumerate(outputs)]
         return EmbeddingResponse(id=rid, model=model, data=data,
                                  usage=UsageInfo.of(prompt_tokens(outputs)))
 
     async def pooling(self, body: PoolingRequest, http: Request) -> PoolingResponse:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
+        if body.sparse:
+            raise bad_request("sparse is an option of /v1/embeddings, not /pooling.", "sparse")
         model, rid, outputs = await self._encode(
             http, "/pooling", body, "pool", softmax=body.softmax,
             use_activation=body.use_activation, dimensions=body.dimensions,

@@ -39,6 +39,8 @@ _REGISTRY: dict[str, ModelEntry] = {
     "DebertaV2ForSequenceClassification":
         ModelEntry("deberta_v2", "DebertaV2ForSequenceClassification", "CLS", "classify",
                    False),
+    "BertSpladeSparseEmbeddingModel":
+        ModelEntry("splade", "BertSpladeSparseEmbeddingModel", "SPLADE", "embed", False),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
