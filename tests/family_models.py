@@ -156,6 +156,46 @@ def make_splade(path, *, sparse_encoder: bool = False, seed: int = SEED + 5) -> 
     return path
 
 
+def make_hf_colbert(path, seed: int = SEED + 7) -> pathlib.Path:
+    """Stanford ColBERT's HF_ColBERT layout: `bert.*` + `linear.weight` [32, 64] (no bias),
+    no dim in config.json (the weight's shape gives it)."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+    path = mf.make_bert(path, seed=seed)
+    tensors = {f"bert.{k}": v for k, v in load_file(str(path / "model.safetensors")).items()}
+    gen = torch.Generator().manual_seed(seed)
+    tensors["linear.weight"] = torch.randn(32, 64, generator=gen) / 8
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert isinstance(transformers.AutoConfig.from_pretrained(str(path)),
+                      transformers.BertConfig)
+    return mf.edit_config(path, architectures=["HF_ColBERT"])
+
+
+def make_modern_colbert(path, seed: int = SEED + 8) -> pathlib.Path:
+    """PyLate layout (GTE-ModernColBERT): a ModernBertModel checkpoint + sentence-transformers
+    [Transformer, Dense 64->24 without bias, Identity]; config.json says ModernBertModel."""
+    from safetensors.torch import save_file
+    path = make_modernbert(path, seed=seed)
+    (path / "1_Dense").mkdir()
+    (path / "1_Dense" / "config.json").write_text(json.dumps({
+        "in_features": 64, "out_features": 24, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity"}))
+    gen = torch.Generator().manual_seed(seed)
+    save_file({"linear.weight": (torch.randn(24, 64, generator=gen) / 8).contiguous()},
+              str(path / "1_Dense" / "model.safetensors"))
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": mf.ST_TRANSFORMER},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": mf.ST_DENSE}]))
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    return path
+
+
+def colbert_reference(path, ids: Sequence[int], weight: torch.Tensor) -> torch.Tensor:
+    """Per-token L2-normalised projections of the final hidden states [n, dim]."""
+    hidden = hf_hidden(path, ids)
+    return torch.nn.functional.normalize(hidden @ weight.T, dim=-1)
+
+
 def splade_reference(path, ids: Sequence[int]) -> torch.Tensor:
     """max over tokens of log(1 + relu(MLM logits)), from BertForMaskedLM."""
     with torch.inference_mode():
@@ -226,6 +266,12 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[pathlib.Path], pathlib.Path]]] = {
     "splade_st_dir": (
         "sentence-transformers SparseEncoder: MLMTransformer (BertForMaskedLM) + SpladePooling",
         lambda p: make_splade(p, sparse_encoder=True, seed=SEED + 6)),
+    "hf_colbert_dir": (
+        "HF_ColBERT: BERT (bert.* names) + linear 64->32, dim from the weight's shape",
+        lambda p: make_hf_colbert(p)),
+    "modern_colbert_dir": (
+        "PyLate-style ModernBERT ColBERT: ModernBertModel + ST 1_Dense 64->24",
+        lambda p: make_modern_colbert(p)),
     "embeddinggemma_dir": (
         "EmbeddingGemma layout: bidirectional Gemma3TextModel + ST mean, Dense, Dense, Normalize",
         lambda p: make_embeddinggemma(p)),

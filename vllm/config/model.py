@@ -239,7 +239,14 @@ class ModelConfig:
         return int(getattr(self.hf_config, "num_labels", 1) or 1)
 
     @property
+    def is_multi_vector(self) -> bool:
+        """One vector per token (ColBERT): served as token_embed, scored by MaxSim."""
+        return self.arch.base.multi_vector and self.convert == "embed"
+
+    @property
     def supported_tasks(self) -> tuple[str, ...]:
+        if self.is_multi_vector:
+            return ("encode", "token_embed", "score")
         tasks = _CONVERT_TASKS[self.convert]
         if self.convert == "embed" or (self.convert == "classify" and self.num_labels == 1):
             tasks = tasks + ("score",)

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType, TokenizedPrompt
-from vllm.entrypoints.score_utils import cosine_score, pair_texts
+from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
 from vllm.entrypoints.sparse import check_sparse
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
@@ -88,19 +88,23 @@ class LLM:
             outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
                                        use_tqdm)
             return [ScoringRequestOutput.from_base(o) for o in outs]
-        return self._cosine_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params)
+        return self._embedding_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params)
 
     # ----- internals -------------------------------------------------------------------
-    def _cosine_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params):
+    def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params):
+        """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""
+        multi = self.llm_engine.model_config.is_multi_vector
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-        embeds = self._run(texts, params, "embed", truncate_prompt_tokens, use_tqdm)
+        embeds = self._run(texts, params, "token_embed" if multi else "embed",
+                           truncate_prompt_tokens, use_tqdm)
         by_text = dict(zip(texts, embeds))
+        similarity = maxsim if multi else cosine_score
         results = []
         for a, b in pairs:
             ea, eb = by_text[a], by_text[b]
             base = PoolingRequestOutput(
                 f"{ea.request_id}_{eb.request_id}",
-                PoolingOutput(cosine_score(ea.outputs.data, eb.outputs.data)),
+                PoolingOutput(similarity(ea.outputs.data, eb.outputs.data)),
                 ea.prompt_token_ids + eb.prompt_token_ids, True,
                 ea.num_cached_tokens + eb.num_cached_tokens)
             results.append(ScoringRequestOutput.from_base(base))

@@ -112,6 +112,10 @@ class Pooler:
             rows = self.head(rows)
         rows = rows.float()
         p = s.params
+        if p.task == "token_embed":  # ColBERT: ST Dense per token, then unit length
+            for layer in self.dense:
+                rows = layer(rows.to(hidden.dtype)).float()
+            return (F.normalize(rows, dim=-1) if p.normalize else rows).cpu()
         if self.pooling_type == "STEP":  # as upstream: columns, then tag rows, then activation
             if p.returned_token_ids:
                 rows = rows[:, p.returned_token_ids]

@@ -17,6 +17,7 @@ class ModelEntry:
     default_pooling_type: str  # the class's `default_pooling_type`
     convert: str          # what the class natively does: embed | classify | reward
     is_causal: bool       # causal (decoder) attention?
+    multi_vector: bool = False  # one vector per token (ColBERT): token_embed + MaxSim
 
 
 _DECODERS = {"Qwen2": "qwen2", "Qwen3": "qwen3", "Llama": "llama", "Mistral": "llama"}
@@ -41,6 +42,9 @@ _REGISTRY: dict[str, ModelEntry] = {
                    False),
     "BertSpladeSparseEmbeddingModel":
         ModelEntry("splade", "BertSpladeSparseEmbeddingModel", "SPLADE", "embed", False),
+    "HF_ColBERT": ModelEntry("colbert", "ColBERTBertModel", "ALL", "embed", False, True),
+    "ColBERTModernBertModel":
+        ModelEntry("colbert", "ColBERTModernBertModel", "ALL", "embed", False, True),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
