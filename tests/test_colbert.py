@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import family_models as fm
 import model_factory as mf
-from test_server import Server, _engine
+from servers import Server, _engine
 from vllm import LLM
 
 COS_MIN = 0.9999

@@ -12,7 +12,7 @@ import pytest
 
 import family_models as fm
 import model_factory as mf
-from test_server import Server, _engine
+from servers import Server, _engine
 
 PROB_TOL = 1e-4
 

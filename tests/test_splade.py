@@ -11,7 +11,7 @@ import torch
 
 import family_models as fm
 import model_factory as mf
-from test_server import Server, _engine
+from servers import Server, _engine
 
 TOL = 1e-4
 
