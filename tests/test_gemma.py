@@ -19,7 +19,7 @@ BLOCK = 16
 
 
 def _prompts(model_dir: str) -> list[str]:
-    return mf.mixed_prompts(mf.hf_tokenizer(model_dir))
+    return mf.mixed_prompts(mf.hf_tokenizer(model_dir), lengths=(3, 200, 17, 64, 131))
 
 
 def _last(model_dir: str, ids, **config) -> torch.Tensor:
