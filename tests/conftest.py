@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+import family_models  # noqa: E402
 import model_factory as mf  # noqa: E402
 from servers import (classifier3, cross_encoder, minilm, minilm_engine,  # noqa: E402,F401
                      minilm_llm, qwen3, secured)
@@ -57,17 +58,17 @@ def models_root(tmp_path_factory) -> pathlib.Path:
     return tmp_path_factory.mktemp("models")
 
 
-def _checkpoint_fixture(name: str, doc: str):
+def _checkpoint_fixture(name: str, doc: str, builder):
     @pytest.fixture(scope="session", name=name)
     def _fixture(models_root) -> str:
-        return str(mf.build(name, models_root))
+        return str(builder(models_root / name.removesuffix("_dir")))
 
     _fixture.__doc__ = doc
     return _fixture
 
 
-for _name, (_doc, _) in mf.CHECKPOINTS.items():
-    globals()[f"_fixture_{_name}"] = _checkpoint_fixture(_name, _doc)
+for _name, (_doc, _builder) in {**mf.CHECKPOINTS, **family_models.CHECKPOINTS}.items():
+    globals()[f"_fixture_{_name}"] = _checkpoint_fixture(_name, _doc, _builder)
 
 
 @pytest.fixture(scope="session")

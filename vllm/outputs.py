@@ -24,6 +24,19 @@ class EmbeddingOutput:
 
 
 @dataclass
+class SparseEmbeddingOutput:
+    """A sparse (SPLADE) embedding: {token_id: weight} of its non-zero weights."""
+
+    embedding: dict[int, float]
+
+
+def sparse_weights(data: torch.Tensor) -> dict[int, float]:
+    """{index: value} of the non-zero entries of a 1-D vector, by index."""
+    idx = torch.nonzero(data, as_tuple=True)[0]
+    return dict(zip(idx.tolist(), data[idx].tolist()))
+
+
+@dataclass
 class ClassificationOutput:
     probs: list[float]
 
@@ -69,6 +82,10 @@ class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
         if data.dim() != 1:
             raise ValueError("embeddings are one vector per prompt")
         return cls._convert(base, EmbeddingOutput(data.tolist()))
+
+    @classmethod
+    def sparse_from_base(cls, base: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return cls._convert(base, SparseEmbeddingOutput(sparse_weights(base.outputs.data)))
 
 
 class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):

@@ -7,18 +7,19 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from vllm.config.model import ModelConfig
 
-POOLING_TASKS = ("encode", "embed", "classify", "score", "reward")
+POOLING_TASKS = ("encode", "embed", "classify", "score", "reward", "token_embed")
 
 # Which request parameters belong to which task.
 _TASK_PARAMS: dict[str, tuple[str, ...]] = {
     "embed": ("dimensions", "normalize"),
+    "token_embed": ("normalize",),
     "classify": ("activation",),
     "score": ("activation",),
     "encode": ("softmax", "step_tag_id", "returned_token_ids"),
     "reward": ("softmax", "step_tag_id", "returned_token_ids"),
 }
 # The task-specific switch that newer vLLM spells `use_activation`.
-_ACTIVATION_ALIAS = {"embed": "normalize", "classify": "activation", "score": "activation",
+_ACTIVATION_ALIAS = {"embed": "normalize", "token_embed": "normalize", "classify": "activation", "score": "activation",
                      "encode": "softmax", "reward": "softmax"}
 
 
@@ -84,6 +85,9 @@ class PoolingParams:
                 self.dimensions = pooler.dimensions
             if self.dimensions is not None:
                 model_config.verify_dimensions(self.dimensions)
+        elif task == "token_embed":  # ColBERT vectors are unit length unless asked
+            if self.normalize is None:
+                self.normalize = True
         elif task in ("classify", "score"):
             if self.activation is None:
                 self.activation = pooler.activation if pooler.activation is not None else True

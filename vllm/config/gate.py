@@ -20,7 +20,8 @@ def prefix_features_supported(model_config: ModelConfig) -> tuple[bool, str]:
     if not model_config.arch.base.is_causal:
         return False, f"{model_config.architecture} is an encoder-only (bidirectional) model"
     if not model_config.is_causal:
-        return False, "the model's attention is bidirectional (is_causal: false)"
+        return False, ("the model's attention is bidirectional (is_causal: false or "
+                       "use_bidirectional_attention: true)")
     if pooling != "LAST":
         return False, f"pooling type is {pooling}, not LAST"
     return True, "LAST pooling with causal attention"

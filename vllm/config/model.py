@@ -12,8 +12,8 @@ from transformers import PretrainedConfig
 from vllm import envs
 from vllm.config.pooler import PoolerConfig
 from vllm.logger import init_logger
-from vllm.model_executor.models.registry import (ResolvedArch, convert_architecture,
-                                                 resolve_architecture)
+from vllm.model_executor.models.registry import (ResolvedArch, config_pooling_type,
+                                                 convert_architecture, resolve_architecture)
 from vllm.platforms import platform_for, resolve_device
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
@@ -64,6 +64,7 @@ class ModelConfig:
         self.tokenizer = self.tokenizer or str(self.path)
         self.hf_config = load_hf_config(self.path, self.hf_overrides)
         self.st_config = load_st_config(self.path)
+        self._apply_sparse_encoder()
         self._resolve_runner_and_convert()
         self.pooler_config = self._resolve_pooler_config()
         if self.pooler_config.dimensions is not None:  # every embed request's default
@@ -72,6 +73,21 @@ class ModelConfig:
         self.dtype = self._resolve_dtype()
         self.max_model_len = self._resolve_max_model_len()
         self._check_long_input_settings()
+
+    def _apply_sparse_encoder(self) -> None:
+        """A sentence-transformers SparseEncoder (MLM transformer + SpladePooling) is served
+        as upstream's BertSpladeSparseEmbeddingModel with its pooling settings."""
+        splade = self.st_config.splade if self.st_config is not None else None
+        if splade is None:
+            return
+        arch = self.hf_config.architectures[0]
+        if arch not in ("BertForMaskedLM", "BertSpladeSparseEmbeddingModel"):
+            raise ValueError(f"SpladePooling is supported on BERT masked-LM checkpoints; this "
+                             f"one is {arch}.")
+        self.hf_config.architectures = ["BertSpladeSparseEmbeddingModel"]
+        self.hf_config.splade_pooling, self.hf_config.splade_activation = splade
+        logger.info("sentence-transformers SparseEncoder: served as "
+                    "BertSpladeSparseEmbeddingModel (pooling %s, activation %s)", *splade)
 
     # ----- runner / convert ------------------------------------------------------------
     def _resolve_runner_and_convert(self) -> None:
@@ -117,11 +133,16 @@ class ModelConfig:
         if cfg.pooling_type is None and st is not None and st.pooling_type is not None:
             cfg.pooling_type = st.pooling_type
             sources.append("pooling_type from the sentence-transformers Pooling config")
+        if cfg.pooling_type is None and self.convert == "classify" and \
+                config_pooling_type(self.hf_config) is not None:
+            cfg.pooling_type = config_pooling_type(self.hf_config)
+            sources.append("pooling_type from the config's classifier_pooling")
         if cfg.pooling_type is None:
             cfg.pooling_type = self.arch.default_pooling_type
             sources.append(f"pooling_type from the class default of {self.arch.architecture}")
         if self.convert == "embed" and cfg.normalize is None:
-            cfg.normalize = st.normalize if st is not None else True
+            # Sparse (SPLADE) weights are never normalised by default.
+            cfg.normalize = st.normalize if st is not None else cfg.pooling_type != "SPLADE"
             sources.append("normalize from " + ("the sentence-transformers modules"
                                                  if st is not None else "the embed default"))
         if self.convert in ("classify",) and cfg.activation is None:
@@ -197,7 +218,7 @@ class ModelConfig:
                              f"{self.truncation_side!r}.")
         if self.rerank_max_chunks_per_doc < 0:
             raise ValueError("rerank_max_chunks_per_doc must be 0 (off) or positive.")
-        if self.embedding_calibration and not os.path.isfile(self.embedding_calibration):
+        if self.embedding_calibration and not Path(self.embedding_calibration).is_file():
             raise ValueError(f"embedding_calibration file {self.embedding_calibration!r} "
                              "does not exist.")
         st = self.st_config
@@ -230,8 +251,10 @@ class ModelConfig:
 
     @property
     def is_causal(self) -> bool:
-        """Causal attention: a decoder class, and `is_causal` not set false in the config."""
-        return self.arch.base.is_causal and getattr(self.hf_config, "is_causal", True) is not False
+        """Causal attention: a decoder class, `is_causal` not set false in the config and
+        no `use_bidirectional_attention: true` (EmbeddingGemma)."""
+        return self.arch.base.is_causal and getattr(self.hf_config, "is_causal", True) \
+            is not False and not getattr(self.hf_config, "use_bidirectional_attention", False)
 
     @property
     def num_labels(self) -> int:
@@ -248,7 +271,14 @@ class ModelConfig:
         return int(getattr(self.hf_config, "num_labels", 1) or 1)
 
     @property
+    def is_multi_vector(self) -> bool:
+        """One vector per token (ColBERT): served as token_embed, scored by MaxSim."""
+        return self.arch.base.multi_vector and self.convert == "embed"
+
+    @property
     def supported_tasks(self) -> tuple[str, ...]:
+        if self.is_multi_vector:
+            return ("encode", "token_embed", "score")
         tasks = _CONVERT_TASKS[self.convert]
         if self.convert == "embed" or (self.convert == "classify" and self.num_labels == 1):
             tasks = tasks + ("score",)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP")
+POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP", "SPLADE")
 
 
 def _pooling_type(v: Any) -> Optional[str]:

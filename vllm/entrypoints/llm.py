@@ -11,7 +11,8 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.entrypoints.quantize import check_precision, load_calibration, quantize
-from vllm.entrypoints.score_utils import cosine_score, pair_texts
+from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
+from vllm.entrypoints.sparse import check_sparse
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
 from vllm.pooling_params import PoolingParams
@@ -53,15 +54,22 @@ class LLM:
               use_tqdm: bool = True, pooling_params: Params = None, *,
               truncation_side: Optional[str] = None, prompt_name: Optional[str] = None,
               prompt: Optional[str] = None, precision: Optional[str] = None,
-              ranges: Any = None, **kwargs: Any) -> list[EmbeddingRequestOutput]:
+              ranges: Any = None, sparse: bool = False,
+              **kwargs: Any) -> list[EmbeddingRequestOutput]:
         """Embeddings. `prompt_name` / `prompt`: a sentence-transformers prompt before each
         text (the model's default_prompt_name applies when neither is given);
         `precision` / `ranges`: `quantize_embeddings`' output types (int8/uint8 need
-        ranges, here or from the engine's `embedding_calibration` file)."""
+        ranges, here or from the engine's `embedding_calibration` file); `sparse=True`
+        (SPLADE models): each output's `embedding` is {token_id: weight} of the non-zero
+        weights instead of the vocabulary-size list."""
         _refuse_extra(kwargs)
         precision = check_precision(precision)
         if ranges is not None and precision not in ("int8", "uint8"):
             raise ValueError("ranges apply to precision int8 and uint8 only.")
+        if sparse:
+            check_sparse(self.llm_engine.model_config)
+            if precision != "float32":
+                raise ValueError("sparse=True returns float weights; leave precision unset.")
         prompt_list = self.llm_engine.processor.with_prompt(_as_list(prompts), prompt_name,
                                                             prompt)
         outs = self._run(prompt_list, pooling_params, "embed", truncate_prompt_tokens,
@@ -70,7 +78,9 @@ class LLM:
             ranges = ranges if ranges is not None else self._calibration(precision)
             for o in outs:
                 o.outputs.data = torch.from_numpy(quantize(o.outputs.data, precision, ranges))
-        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+        convert = EmbeddingRequestOutput.sparse_from_base if sparse else \
+            EmbeddingRequestOutput.from_base
+        return [convert(o) for o in outs]
 
     def classify(self, prompts: Prompts, use_tqdm: bool = True,
                  pooling_params: Params = None, truncate_prompt_tokens: Optional[int] = None,
@@ -106,8 +116,8 @@ class LLM:
             outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
                                        use_tqdm)
             return [ScoringRequestOutput.from_base(o) for o in outs]
-        return self._cosine_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params,
-                                   truncation_side)
+        return self._embedding_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params,
+                                      truncation_side)
 
     # ----- internals -------------------------------------------------------------------
     def _calibration(self, precision: str) -> Any:
@@ -118,16 +128,20 @@ class LLM:
             self._ranges = load_calibration(path)
         return self._ranges
 
-    def _cosine_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None):
+    def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None):
+        """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""
+        multi = self.llm_engine.model_config.is_multi_vector
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-        embeds = self._run(texts, params, "embed", truncate_prompt_tokens, use_tqdm, side)
+        embeds = self._run(texts, params, "token_embed" if multi else "embed",
+                           truncate_prompt_tokens, use_tqdm, side)
         by_text = dict(zip(texts, embeds))
+        similarity = maxsim if multi else cosine_score
         results = []
         for a, b in pairs:
             ea, eb = by_text[a], by_text[b]
             base = PoolingRequestOutput(
                 f"{ea.request_id}_{eb.request_id}",
-                PoolingOutput(cosine_score(ea.outputs.data, eb.outputs.data)),
+                PoolingOutput(similarity(ea.outputs.data, eb.outputs.data)),
                 ea.prompt_token_ids + eb.prompt_token_ids, True,
                 ea.num_cached_tokens + eb.num_cached_tokens)
             results.append(ScoringRequestOutput.from_base(base))

@@ -22,6 +22,12 @@ def pair_texts(text_1: Union[str, list[str]],
     return list(zip(left, right))
 
 
+def maxsim(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
+    """ColBERT's late interaction: for every query token the best dot product over the
+    document's tokens, summed; a one-element float32 tensor."""
+    return (query.float() @ doc.float().T).amax(dim=1).sum().reshape(1)
+
+
 def cosine_score(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine similarity of two embeddings, as a one-element float32 tensor."""
     return F.cosine_similarity(a.float()[None], b.float()[None]).reshape(1)

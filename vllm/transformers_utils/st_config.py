@@ -14,7 +14,8 @@ _POOLING_MODES = {
 }
 _UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                       "pooling_mode_weightedmean_tokens")
-_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer",
+                      "SpladePooling")
 
 
 @dataclass
@@ -37,6 +38,8 @@ class SentenceTransformersConfig:
     # one encode() applies when a request names none
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: Optional[str] = None
+    # A SparseEncoder's SpladePooling: (pooling_strategy, activation_function).
+    splade: Optional[tuple[str, str]] = None
 
 
 def _module_kind(type_name: str) -> str:
@@ -64,6 +67,11 @@ def load_st_config(path: Path) -> Optional[SentenceTransformersConfig]:
             cfg.pooling_type = _pooling_type(mpath)
         elif kind == "Dense":
             cfg.dense.append(_dense_spec(mpath))
+        elif kind == "SpladePooling":
+            conf = read_json(mpath / "config.json") or {}
+            cfg.pooling_type = "SPLADE"
+            cfg.splade = (conf.get("pooling_strategy", "max"),
+                          conf.get("activation_function", "relu"))
         elif kind == "Normalize":
             cfg.normalize = True
     st = next((c for c in (read_json(path / name) for name in _ST_CONFIG_FILES) if c), {})

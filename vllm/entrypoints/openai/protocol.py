@@ -97,6 +97,8 @@ class EmbeddingRequest(EngineRequest):
     # sentence-transformers / TEI prompts: a named prompt of the model, or a raw prefix
     prompt_name: Optional[Text] = None
     prompt: Optional[Text] = None
+    # SPLADE models: {token_id: weight} of the non-zero weights instead of the full vector.
+    sparse: bool = False
 
 
 class PoolingRequest(EmbeddingRequest):
@@ -222,7 +224,7 @@ class _ListResponse(BaseModel):
 class EmbeddingResponseData(BaseModel):
     index: int
     object: Literal["embedding"] = "embedding"
-    embedding: Union[list[float], str]
+    embedding: Union[list[float], str, dict[int, float]]
 
 
 class EmbeddingResponse(_ListResponse):

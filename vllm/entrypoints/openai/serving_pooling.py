@@ -17,6 +17,8 @@ from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_js
 from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 from vllm.entrypoints.quantize import load_calibration, quantize
+from vllm.entrypoints.sparse import check_sparse
+from vllm.outputs import sparse_weights
 
 
 def as_list(data: torch.Tensor) -> list[float]:
@@ -98,6 +100,17 @@ class ServingPooling:
         if body.ranges is not None and precision not in ("int8", "uint8"):
             raise bad_request("ranges apply to precision int8 and uint8 only.", "ranges")
 
+    def _check_sparse(self, body: EmbeddingRequest) -> None:
+        """`sparse: true` (SPLADE models) answers {token_id: weight} JSON objects."""
+        try:
+            check_sparse(self.ctx.model_config)
+        except ValueError as exc:
+            raise bad_request(str(exc), "sparse") from exc
+        if body.encoding_format != "float" or (body.precision or "float32") != "float32":
+            raise bad_request("sparse embeddings are JSON objects of float weights; use "
+                              "encoding_format 'float' and no precision with sparse.",
+                              "encoding_format")
+
     def _bytes(self, body: Any, rid: str, model: str, outputs: list[Any],
                values: list[Any]) -> Response:
         usage = UsageInfo.of(prompt_tokens(outputs))
@@ -108,12 +121,19 @@ class ServingPooling:
 
     async def embeddings(self, body: EmbeddingRequest, http: Request) -> Any:
         self._check_output_options(body)
+        if body.sparse:
+            self._check_sparse(body)
         model, rid, outputs = await self._encode(
             http, "/v1/embeddings", body, "embd", dimensions=body.dimensions,
             normalize=body.normalize, use_activation=body.use_activation)
         values = self._values(body, outputs)
         if body.encoding_format in BYTE_FORMATS:
             return self._bytes(body, rid, model, outputs, values)
+        if body.sparse:
+            return json_response(EmbeddingResponse(
+                id=rid, model=model, usage=UsageInfo.of(prompt_tokens(outputs)),
+                data=[EmbeddingResponseData(index=i, embedding=sparse_weights(v))
+                      for i, v in enumerate(values)]))
         floats = body.encoding_format == "float"
         data = [EmbeddingResponseData(index=i, embedding=as_list(v) if floats and isinstance(
             v, torch.Tensor) else to_json_value(v, body.encoding_format, body.embed_dtype,
@@ -126,6 +146,8 @@ class ServingPooling:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
         if body.precision is not None or body.ranges is not None:
             raise bad_request("precision applies to /v1/embeddings only.", "precision")
+        if body.sparse:
+            raise bad_request("sparse is an option of /v1/embeddings, not /pooling.", "sparse")
         model, rid, outputs = await self._encode(
             http, "/pooling", body, "pool", softmax=body.softmax,
             use_activation=body.use_activation, dimensions=body.dimensions,

@@ -19,7 +19,7 @@ from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, R
                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 from vllm.entrypoints.openai.serving_pooling import prompt_tokens
-from vllm.entrypoints.score_utils import cosine_score, pair_texts
+from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
 
 
 def pair_up(text_1: list[str], text_2: list[str]) -> list[tuple[int, int]]:
@@ -72,13 +72,18 @@ class ServingScores:
         if activation is not None or use_activation is not None:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
-        params = ctx.make_params("embed")
+        multi = ctx.model_config.is_multi_vector  # ColBERT: MaxSim of token vectors
+        params = ctx.make_params("token_embed" if multi else "embed")
         prompts = await ctx.tokenize(text_1, processor.cap_as_truncation(cap_q, truncate),
                                      param=None, side=side)
         prompts += await ctx.tokenize(text_2, processor.cap_as_truncation(cap_d, truncate),
                                       param=None, side=side)
         outputs = await ctx.run(http, prompts, params, base_id, param=None)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
+        if multi:
+            scores = [float(maxsim(first[i].outputs.data, second[j].outputs.data))
+                      for i, j in pairs]
+            return scores, prompt_tokens(outputs)
         scores = [float(cosine_score(first[i].outputs.data.reshape(-1),
                                      second[j].outputs.data.reshape(-1))) for i, j in pairs]
         return scores, prompt_tokens(outputs)

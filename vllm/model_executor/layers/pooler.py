@@ -1,8 +1,9 @@
-"""Pooling (LAST, CLS, MEAN, ALL, STEP) and the per-task heads applied after it.
+"""Pooling (LAST, CLS, MEAN, ALL, STEP, SPLADE) and the per-task heads applied after it.
 
 The pooler runs only for requests whose final prompt token was computed in this step.
 CLS/MEAN/ALL/STEP need every token in the step (the gate keeps chunking and caching off
-for them); LAST needs only the final token, which is always computed.
+for them); LAST needs only the final token, which is always computed. SPLADE reduces a
+request's rows through the backbone's own `sparse_pool` (MLM logits -> vocabulary weights).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from vllm.pooling_params import PoolingParams
 
-_VECTOR_POOLING = ("LAST", "CLS", "MEAN")
+_VECTOR_POOLING = ("LAST", "CLS", "MEAN", "SPLADE")
 
 
 @dataclass
@@ -34,6 +35,10 @@ class Pooler:
         self.head = model.head
         self.dense = list(model.dense)
         self.score_activation = score_activation
+        self.sparse_pool = getattr(model.model, "sparse_pool", None)
+        if pooling_type == "SPLADE" and self.sparse_pool is None:
+            raise ValueError(f"SPLADE pooling needs a sparse model such as "
+                             f"BertSpladeSparseEmbeddingModel, not {type(model.model).__name__}.")
 
     def rows_needed(self, slices: list[PoolingSlice], device) -> Optional[torch.Tensor]:
         """The flat rows LAST/CLS pooling reads (one per finishing request, in order), so
@@ -58,6 +63,8 @@ class Pooler:
                  selected: bool) -> list[torch.Tensor]:
         if selected:
             pooled = hidden
+        elif self.pooling_type == "SPLADE":
+            pooled = torch.stack([self.sparse_pool(_whole(hidden, s, "SPLADE")) for s in slices])
         elif self.pooling_type == "MEAN":
             pooled = _mean_pool(hidden, slices)
         else:
@@ -105,6 +112,10 @@ class Pooler:
             rows = self.head(rows)
         rows = rows.float()
         p = s.params
+        if p.task == "token_embed":  # ColBERT: ST Dense per token, then unit length
+            for layer in self.dense:
+                rows = layer(rows.to(hidden.dtype)).float()
+            return (F.normalize(rows, dim=-1) if p.normalize else rows).cpu()
         if self.pooling_type == "STEP":  # as upstream: columns, then tag rows, then activation
             if p.returned_token_ids:
                 rows = rows[:, p.returned_token_ids]
@@ -128,6 +139,11 @@ def _mean_pool(hidden: torch.Tensor, slices: list[PoolingSlice]) -> torch.Tensor
     counts = torch.tensor([s.num_new for s in slices], dtype=torch.float32,
                           device=hidden.device)
     return sums[:-1] / counts[:, None]  # float32, as upstream (heads cast to their dtype)
+
+
+def _whole(hidden: torch.Tensor, s: PoolingSlice, kind: str) -> torch.Tensor:
+    _require_whole(s, kind)
+    return hidden[s.start: s.start + s.num_new]
 
 
 def _require_whole(s: PoolingSlice, kind: str) -> None:

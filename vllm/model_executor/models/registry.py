@@ -17,6 +17,7 @@ class ModelEntry:
     default_pooling_type: str  # the class's `default_pooling_type`
     convert: str          # what the class natively does: embed | classify | reward
     is_causal: bool       # causal (decoder) attention?
+    multi_vector: bool = False  # one vector per token (ColBERT): token_embed + MaxSim
 
 
 _DECODERS = {"Qwen2": "qwen2", "Qwen3": "qwen3", "Llama": "llama", "Mistral": "llama"}
@@ -31,6 +32,23 @@ _REGISTRY: dict[str, ModelEntry] = {
     "XLMRobertaModel": ModelEntry("roberta", "RobertaModel", "CLS", "embed", False),
     "XLMRobertaForSequenceClassification":
         ModelEntry("roberta", "RobertaForSequenceClassification", "CLS", "classify", False),
+    "ModernBertModel": ModelEntry("modernbert", "ModernBertModel", "CLS", "embed", False),
+    "ModernBertForSequenceClassification":
+        ModelEntry("modernbert", "ModernBertForSequenceClassification", "CLS", "classify",
+                   False),
+    "DebertaV2Model": ModelEntry("deberta_v2", "DebertaV2Model", "CLS", "embed", False),
+    "DebertaV2ForSequenceClassification":
+        ModelEntry("deberta_v2", "DebertaV2ForSequenceClassification", "CLS", "classify",
+                   False),
+    "BertSpladeSparseEmbeddingModel":
+        ModelEntry("splade", "BertSpladeSparseEmbeddingModel", "SPLADE", "embed", False),
+    "HF_ColBERT": ModelEntry("colbert", "ColBERTBertModel", "ALL", "embed", False, True),
+    "ColBERTModernBertModel":
+        ModelEntry("colbert", "ColBERTModernBertModel", "ALL", "embed", False, True),
+    "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
+    "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
+    "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
+    "Gemma3TextModel": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
 }
 for _prefix, _module in _DECODERS.items():
     _cls = {"Qwen2": "Qwen2Model", "Qwen3": "Qwen3Model", "Llama": "LlamaModel",
@@ -61,9 +79,16 @@ class ResolvedArch:
     native_convert: str
 
 
+def config_pooling_type(hf_config) -> Optional[str]:
+    """A pooling type the checkpoint's config fixes for its classifier head (ModernBERT's
+    `classifier_pooling`), or None."""
+    mode = getattr(hf_config, "classifier_pooling", None)
+    return {"cls": "CLS", "mean": "MEAN"}.get(mode) if isinstance(mode, str) else None
+
+
 def supported_architectures() -> list[str]:
     names = set(_REGISTRY)
-    for prefix in _DECODERS:
+    for prefix in (*_DECODERS, "Gemma2", "Gemma3", "Gemma3Text"):
         names.update(f"{prefix}{suffix}" for suffix in
                      ("ForSequenceClassification", "ForRewardModel", "ForProcessRewardModel"))
     return sorted(names)
