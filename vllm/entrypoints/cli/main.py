@@ -1,4 +1,5 @@
-"""`vllm` console script: `vllm --version`, `vllm serve [MODEL] [flags]`."""
+"""`vllm` console script: `vllm --version`, `vllm serve [MODEL] [flags]`,
+`vllm run-batch -i INPUT -o OUTPUT --model MODEL`."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,11 @@ def _serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    from vllm.entrypoints.batch.run_batch import run_batch
+    return run_batch(args)
+
+
 def make_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.openai.cli_args import make_serve_parser
     parser = argparse.ArgumentParser(
@@ -52,11 +58,18 @@ def make_parser() -> argparse.ArgumentParser:
         "/score, /rerank, /tokenize, /detokenize, /v1/models, /health, /version, /metrics.")
     make_serve_parser(serve)
     serve.set_defaults(handler=_serve)
+    from vllm.entrypoints.batch.cli_args import make_run_batch_parser
+    batch = commands.add_parser(
+        "run-batch", help="Run a batch file (OpenAI batch format) or a Parquet corpus.",
+        description="Answer every line of a JSONL batch file (upstream's format: "
+        "{custom_id, method, url, body}) as the server would, or embed a Parquet corpus.")
+    make_run_batch_parser(batch)
+    batch.set_defaults(handler=_run_batch)
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
+    if (sys.argv[1:] if argv is None else argv)[:1] in (["serve"], ["run-batch"]):
         limit_openmp_spin()
     parser = make_parser()
     args = parser.parse_args(argv)
