@@ -121,7 +121,10 @@ class OrderedWriter:
         self._file = open(path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.write_raw(json.dumps(record, separators=(",", ":")))
+
+    def write_raw(self, line: str) -> None:
+        self._file.write(line + "\n")
         self._file.flush()
 
     def close(self) -> None:
