@@ -41,6 +41,8 @@ def unpack(result: Result) -> tuple[Any, Optional[BaseException]]:
     request_id, kind, payload = result
     if kind == "ok":
         data, token_ids, cached = payload
+        if not data.flags.writeable:  # Ray hands back read-only (zero-copy) arrays
+            data = data.copy()
         return PoolingRequestOutput(request_id, PoolingOutput(torch.from_numpy(data)),
                                     token_ids, True, cached), None
     name, message = payload

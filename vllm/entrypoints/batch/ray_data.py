@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -37,8 +38,8 @@ def actor_options(args: argparse.Namespace, engine_args: Any) -> tuple[dict, dic
 class BatchRequestActor:
     """A Ray Data actor: one engine and the server app; answers batches of request lines.
 
-    Batch columns in: index, custom_id, url, body (JSON text), error; out: index, output
-    (the output line's JSON)."""
+    Batch column in: line (a BatchLine as JSON text); out: output (the output line's
+    JSON text)."""
 
     def __init__(self, engine_args: Any, served_model_name: Any = None,
                  threads: Any = None, concurrency: int = 256) -> None:
@@ -53,24 +54,19 @@ class BatchRequestActor:
         self.concurrency = concurrency
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        lines = [BatchLine(int(i), None if c is None else str(c), str(u),
-                           json.loads(b) if b else None, None if e is None else str(e))
-                 for i, c, u, b, e in zip(batch["index"], batch["custom_id"], batch["url"],
-                                          batch["body"], batch["error"])]
+        lines = [BatchLine(**json.loads(text)) for text in batch["line"]]
         out: list[str] = []
         self.loop.run_until_complete(self.client.answer_all(
             lines, lambda r: out.append(json.dumps(r, separators=(",", ":"))),
             self.concurrency))
-        return {"index": batch["index"], "output": np.array(out, dtype=object)}
+        return {"output": np.array(out, dtype=object)}
 
 
 def run_jsonl_on_ray(args: argparse.Namespace, engine_args: Any,
                      lines: list[BatchLine]) -> int:
     from tqdm.auto import tqdm
     ray = start_ray(args)
-    rows = [{"index": ln.index, "custom_id": ln.custom_id, "url": ln.url,
-             "body": json.dumps(ln.body) if ln.body is not None else None,
-             "error": ln.error} for ln in lines]
+    rows = [{"line": json.dumps(dataclasses.asdict(ln))} for ln in lines]
     resources, extra = actor_options(args, engine_args)
     ds = ray.data.from_items(rows).map_batches(
         BatchRequestActor, batch_format="numpy", batch_size=args.batch_size,
