@@ -105,7 +105,17 @@ class DPAsyncLLM(TokenizerFront):
 
     @property
     def errored(self) -> bool:
-        return not any(self._alive)
+        """Never: a dead replica is restarted, so the front itself does not die."""
+        return False
+
+    def on_dead(self, callback: Callable[[], None]) -> None:
+        """AsyncLLM's hook for a dead engine. The replicas are restarted instead, so the
+        front never calls it (the server keeps serving on the live replicas)."""
+
+    @property
+    def num_pending(self) -> int:
+        """Prompts submitted and not yet answered, over all replicas."""
+        return len(self._flights)
 
     @property
     def dead_error(self) -> EngineDeadError:
