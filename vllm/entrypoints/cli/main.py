@@ -1,4 +1,5 @@
-"""`vllm` console script: `vllm --version`, `vllm serve [MODEL] [flags]`."""
+"""`vllm` console script: `vllm --version`, `vllm serve [MODEL] [flags]`,
+`vllm run-batch -i INPUT -o OUTPUT --model MODEL`."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,11 @@ def _serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    from vllm.entrypoints.batch.run_batch import run_batch
+    return run_batch(args)
+
+
 def make_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.openai.cli_args import make_serve_parser
     parser = argparse.ArgumentParser(
@@ -29,6 +35,13 @@ def make_parser() -> argparse.ArgumentParser:
         "/score, /rerank, /tokenize, /detokenize, /v1/models, /health, /version, /metrics.")
     make_serve_parser(serve)
     serve.set_defaults(handler=_serve)
+    from vllm.entrypoints.batch.cli_args import make_run_batch_parser
+    batch = commands.add_parser(
+        "run-batch", help="Run a batch file (OpenAI batch format) or a Parquet corpus.",
+        description="Answer every line of a JSONL batch file (upstream's format: "
+        "{custom_id, method, url, body}) as the server would, or embed a Parquet corpus.")
+    make_run_batch_parser(batch)
+    batch.set_defaults(handler=_run_batch)
     return parser
 
 
@@ -44,7 +57,7 @@ def _asks_for_cuda(argv: list[str]) -> bool:
 
 def main(argv: Optional[list[str]] = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    if words[:1] == ["serve"] and not _asks_for_cuda(words):
+    if words[:1] in (["serve"], ["run-batch"]) and not _asks_for_cuda(words):
         limit_openmp_spin()  # a CPU serving policy; set before torch loads
     parser = make_parser()
     args = parser.parse_args(argv)

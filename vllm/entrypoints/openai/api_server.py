@@ -10,7 +10,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from vllm.engine.async_llm import AsyncLLM
 from vllm.entrypoints.openai import (serving_invocations, serving_models, serving_pooling,
@@ -66,7 +66,8 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
             return error_response(503, "The engine is not ready yet.")
         if not async_llm.is_alive:
             return error_response(503, str(async_llm.dead_error))
-        return Response(status_code=200)
+        report = getattr(async_llm, "health_report", None)  # data parallel: replicas up
+        return JSONResponse(report()) if report else Response(status_code=200)
 
     @app.get("/version")
     async def version() -> dict:
@@ -74,6 +75,9 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
+        refresh = getattr(async_llm, "refresh_stats", None)  # data parallel: ask replicas
+        if refresh is not None:
+            await refresh()
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
@@ -177,8 +181,9 @@ def run_server(args: Any) -> int:
     Returns the process exit status: 0, or 1 when the engine died (its requests in flight
     were answered 503 first), so that a supervisor restarts the server, as upstream."""
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
+    from vllm.scaleout.engine import make_async_engine
     engine_args = engine_args_from_namespace(args)
-    async_llm = AsyncLLM.from_engine_args(engine_args)
+    async_llm = make_async_engine(engine_args, args)
     try:
         app = build_app(async_llm, args)
         freeze_startup_heap()

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from vllm import envs
 from vllm.engine.arg_utils import IGNORED_ARGS, UNSUPPORTED_ARGS, EngineArgs
+from vllm.entrypoints.dp_args import add_data_parallel_flags
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -81,6 +82,7 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         f"all-MiniLM-L6-v2 from the `{DEFAULT_MODEL_PACKAGE}` package is served.")
     _add_server_flags(parser)
     _add_engine_flags(parser)
+    add_data_parallel_flags(parser)
     _add_compat_flags(parser)
     return parser
 
@@ -236,6 +238,8 @@ def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
                               default=argparse.SUPPRESS,
                               help="Server option without effect here (accepted, logged).")
     for dest in UNSUPPORTED_ARGS:
+        if dest == "data_parallel_size":  # a real flag: see dp_args
+            continue
         kind = _UNSUPPORTED_TYPES.get(dest, str)
         names = [_flag(dest)] + ([_SHORT[dest]] if dest in _SHORT else [])
         if kind is bool:
@@ -284,7 +288,7 @@ def engine_args_from_namespace(args: argparse.Namespace) -> EngineArgs:
     model = resolve_model(args)
     kwargs: dict[str, Any] = {f: getattr(args, f) for f in _ENGINE_FIELDS if hasattr(args, f)}
     for dest in (*IGNORED_ARGS, *UNSUPPORTED_ARGS):
-        if dest != "served_model_name" and hasattr(args, dest):
+        if dest not in ("served_model_name", "data_parallel_size") and hasattr(args, dest):
             kwargs[dest] = getattr(args, dest)
     for dest in _IGNORED_SERVER_FLAGS:
         if hasattr(args, f"ignored_server_{dest}"):

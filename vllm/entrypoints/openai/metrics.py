@@ -7,7 +7,7 @@ counters (steps, tokens, running/waiting, prefix-cache queries and hits) are rea
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest
@@ -50,15 +50,18 @@ class _EngineStatsCollector:
 
     def collect(self) -> Iterable[Metric]:
         stats = self._get_stats()
-        label = [self._model_name]
-        for name, field, doc in _ENGINE_COUNTERS:
-            metric = CounterMetricFamily(name, doc, labels=["model_name"])
-            metric.add_metric(label, float(getattr(stats, field, 0) or 0))
-            yield metric
-        for name, field, doc in _ENGINE_GAUGES:
-            metric = GaugeMetricFamily(name, doc, labels=["model_name"])
-            metric.add_metric(label, float(getattr(stats, field, 0) or 0))
-            yield metric
+        # Data parallel: one stats object per replica, exported with a `replica` label.
+        per_replica = stats if isinstance(stats, Mapping) else None
+        labels = ["model_name", "replica"] if per_replica is not None else ["model_name"]
+        rows = [([self._model_name, r], s) for r, s in per_replica.items()] \
+            if per_replica is not None else [([self._model_name], stats)]
+        for family, specs in ((CounterMetricFamily, _ENGINE_COUNTERS),
+                              (GaugeMetricFamily, _ENGINE_GAUGES)):
+            for name, field, doc in specs:
+                metric = family(name, doc, labels=labels)
+                for label, s in rows:
+                    metric.add_metric(label, float(getattr(s, field, 0) or 0))
+                yield metric
 
 
 class ServerMetrics:

@@ -1,0 +1,42 @@
+"""Build replica handles for a backend: local processes (mp) or Ray actors (ray)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from vllm.config.model import resolve_device
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def replica_factory(backend: str, engine_args: Any, size: int, vllm_config: Any, args: Any,
+                    front: Callable[[], Any]) -> Callable[[int], Any]:
+    """`make(index)` -> an unstarted replica handle whose events reach `front()`."""
+    from vllm.scaleout.dp_engine import default_threads
+    device = resolve_device(engine_args.device)
+
+    def post(fn: Callable, *a: Any) -> None:
+        front().post(fn, *a)
+
+    def on_results(replica: Any, results: list) -> None:
+        front().on_results(replica, results)
+
+    def on_dead(replica: Any) -> None:
+        front().on_dead(replica)
+
+    if backend == "mp":
+        from vllm.scaleout.mp_replica import MPReplica
+        threads = default_threads(size, device)
+        if threads:
+            logger.info("Each local replica runs torch with %d thread(s) (the CPU's cores "
+                        "shared out over %d replicas; set OMP_NUM_THREADS to choose).",
+                        threads, size)
+        return lambda i: MPReplica(i, engine_args, threads, post, on_results, on_dead)
+    if backend == "ray":
+        from vllm.scaleout.ray_replica import RayReplica, connect
+        connect(getattr(args, "ray_address", None))
+        cpus = float(getattr(args, "data_parallel_cpus_per_replica", 1.0) or 1.0)
+        gpus = 1 if device == "cuda" else 0
+        logger.info("Each Ray replica declares %g CPU(s) and %d GPU(s).", cpus, gpus)
+        return lambda i: RayReplica(i, engine_args, cpus, gpus, on_results, on_dead)
+    raise ValueError(f"Unknown data-parallel backend {backend!r}; use mp or ray.")
