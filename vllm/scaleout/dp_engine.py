@@ -253,7 +253,7 @@ class DPAsyncLLM(TokenizerFront):
                 output, error = unpack(result)
                 self._finish(result[0], output, error)
 
-    def on_dead(self, replica: Any) -> None:
+    def replica_died(self, replica: Any) -> None:
         index = replica.index
         if self.replicas[index] is not replica or self._stopping:
             return

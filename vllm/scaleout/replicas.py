@@ -22,7 +22,7 @@ def replica_factory(backend: str, engine_args: Any, size: int, vllm_config: Any,
         front().on_results(replica, results)
 
     def on_dead(replica: Any) -> None:
-        front().on_dead(replica)
+        front().replica_died(replica)
 
     if backend == "mp":
         from vllm.scaleout.mp_replica import MPReplica
