@@ -20,7 +20,7 @@ import random
 import sys
 import tempfile
 
-import vllm  # noqa: F401  (before torch loads: vllm.env_override, as a user's script gets)
+import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from common import build_causal_classifier, interleave, median, write_json  # noqa: E402

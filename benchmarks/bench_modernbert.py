@@ -20,7 +20,7 @@ import pathlib
 import sys
 import tempfile
 
-import vllm  # noqa: F401  (before torch loads: vllm.env_override, as a user's script gets)
+import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 import numpy as np
 import torch
 

@@ -55,6 +55,8 @@ environment_variables: dict[str, EnvVar] = {
                                    "(vllm sets 1 where unset; 0 turns it off)."),
     "GOMP_SPINCOUNT": EnvVar(None, _str, "libgomp idle spin; `vllm serve` on CPU sets 10000 "
                              "where neither it nor OMP_WAIT_POLICY is set."),
+    "OMP_NUM_THREADS": EnvVar(None, _str, "OpenMP threads; when set, data-parallel CPU "
+                              "replicas keep it instead of sharing the cores out."),
     "OMP_WAIT_POLICY": EnvVar(None, _str, "OpenMP wait policy; when set, vllm leaves "
                               "GOMP_SPINCOUNT alone."),
     "TOKENIZERS_PARALLELISM": EnvVar(None, _flag, "Hugging Face tokenizers' thread pool; the "

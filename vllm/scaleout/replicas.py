@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vllm.config.model import resolve_device
+from vllm.platforms import resolve_device
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm.config.model import resolve_device
+from vllm.platforms import resolve_device
 from vllm.entrypoints.batch.batch_io import BatchLine, OrderedWriter
 from vllm.logger import init_logger
 
