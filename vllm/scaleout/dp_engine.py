@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from vllm import envs
 from vllm.engine.async_llm import EngineDeadError, TokenizerFront
 from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
 from vllm.logger import init_logger
@@ -329,6 +330,6 @@ class DPAsyncLLM(TokenizerFront):
 def default_threads(size: int, device: str) -> Optional[int]:
     """Threads per replica on CPU: the cores shared out (None on CUDA or when the user
     pinned OpenMP themselves)."""
-    if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
+    if device != "cpu" or envs.is_set("OMP_NUM_THREADS"):
         return None
     return max(1, (os.cpu_count() or 1) // size)
