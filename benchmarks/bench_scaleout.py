@@ -104,8 +104,8 @@ def bench_serving(requests: int, repeats: int) -> dict:
             server = DPServer(minilm_dir(), extra)
             try:
                 server.wait_healthy(300)
-                asyncio.run(drive(server.url, "x", texts[:64], 32))  # untimed warm-up
-                wall, latencies = asyncio.run(drive(server.url, "x", texts, 32))
+                asyncio.run(drive(server.url, str(minilm_dir()), texts[:64], 32))  # untimed warm-up
+                wall, latencies = asyncio.run(drive(server.url, str(minilm_dir()), texts, 32))
             finally:
                 server.stop()
             rates[name].append(requests / wall)

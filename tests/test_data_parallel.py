@@ -114,3 +114,49 @@ def _loop(server) -> asyncio.AbstractEventLoop:
 def _stats(server) -> dict:
     asyncio.run_coroutine_threadsafe(server.engine.refresh_stats(), _loop(server)).result(30)
     return server.engine.stats
+
+
+def test_cli_serve_dp2_drains_on_sigterm(qwen3_embed_dir, tmp_path):
+    """`vllm serve MODEL -dp 2` end to end: SIGTERM while requests are in flight answers
+    every one of them, then exits 0."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
+                             qwen3_embed_dir, "--port", str(port), "-dp", "2",
+                             "--disable-uvicorn-access-log"], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+
+        async def load() -> list:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+                sent = [asyncio.ensure_future(http.post(
+                    "/v1/embeddings", json={"input": [f"{i} " + "word " * 60] * 8}))
+                    for i in range(24)]
+                await asyncio.sleep(0.3)
+                proc.send_signal(signal.SIGTERM)
+                return await asyncio.gather(*sent)
+        assert [r.status_code for r in asyncio.run(load())] == [200] * 24
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()

@@ -247,7 +247,7 @@ class DPAsyncLLM(TokenizerFront):
         else:
             loop.call_soon_threadsafe(fn, *args)
 
-    def on_results(self, replica: Any, results: list) -> None:
+    def replica_results(self, replica: Any, results: list) -> None:
         for result in results:
             flight = self._flights.get(result[0])
             if flight is not None and flight.replica is replica:

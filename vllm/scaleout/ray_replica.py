@@ -24,11 +24,14 @@ def connect(address: Optional[str] = None) -> None:
     """Join the Ray cluster at `address` (None: Ray's own RAY_ADDRESS, else a new local
     cluster), unless this process is already connected."""
     import ray
+
+    from vllm import envs
     if ray.is_initialized():
         return
+    address = address or envs.get("RAY_ADDRESS")
     ray.init(address=address, include_dashboard=False, logging_level="warning")
     logger.info("Ray: connected to %s (%s CPUs, %s GPUs in the cluster).",
-                address or "the cluster named by RAY_ADDRESS, or a new local one",
+                address or "a new local cluster",
                 ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0))
 
 

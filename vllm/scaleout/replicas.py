@@ -19,7 +19,7 @@ def replica_factory(backend: str, engine_args: Any, size: int, vllm_config: Any,
         front().post(fn, *a)
 
     def on_results(replica: Any, results: list) -> None:
-        front().on_results(replica, results)
+        front().replica_results(replica, results)
 
     def on_dead(replica: Any) -> None:
         front().replica_died(replica)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -15,7 +16,7 @@ logger = init_logger(__name__)
 
 
 def is_parquet(path: str) -> bool:
-    import os
+    """A Parquet file or a directory of them (a corpus), rather than a JSONL batch file."""
     return path.endswith(".parquet") or os.path.isdir(path)
 
 

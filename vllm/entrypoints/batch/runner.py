@@ -21,6 +21,7 @@ from vllm.entrypoints.openai.api_server import build_app
 
 # Lines in flight at once: enough to fill engine steps of max_num_seqs=128 twice over.
 DEFAULT_CONCURRENCY = 256
+UNBOUNDED_QUEUE = 2 ** 62
 
 
 class BatchClient:
@@ -28,7 +29,10 @@ class BatchClient:
 
     def __init__(self, engine: Any, served_model_name: Optional[list[str]] = None,
                  model: Optional[str] = None) -> None:
-        ns = types.SimpleNamespace(served_model_name=served_model_name, model=model)
+        # The job bounds its own work (lines in flight), so the server's overload answer
+        # (503 once many prompts wait) would only fail lines that a moment later fit.
+        ns = types.SimpleNamespace(served_model_name=served_model_name, model=model,
+                                   max_waiting_requests=UNBOUNDED_QUEUE)
         self.app = build_app(engine, ns)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app),
                                         base_url="http://batch.local", timeout=None)
