@@ -63,8 +63,6 @@ environment_variables: dict[str, EnvVar] = {
                                      "CPU server sets false where unset."),
     "HF_HUB_OFFLINE": EnvVar("0", _flag, "1: never reach the Hugging Face Hub."),
     # ----- scale-out ---------------------------------------------------------------------
-    "OMP_NUM_THREADS": EnvVar(None, _str, "When set, local data-parallel replicas keep it "
-                              "instead of taking the CPU's cores / N threads each."),
     "RAY_ADDRESS": EnvVar(None, _str, "Ray cluster for --data-parallel-backend ray when "
                           "--ray-address is not given (else a local cluster is started)."),
 }
