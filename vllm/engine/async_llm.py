@@ -39,17 +39,18 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
+from vllm.engine.futures import Pending, resolve, resolve_outputs
 from vllm.engine.processor import TextPrompt
+from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
 from vllm.platforms import platform_for
 from vllm.pooling_params import PoolingParams
 
 logger = init_logger(__name__)
 
-_T = TypeVar("_T")
 # The prompt of the self-test run alone after a failed step (see `_engine_works`).
 SELF_TEST_TEXT = "hello"
 
@@ -64,60 +65,6 @@ class ArrivalWindow:
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (shut down or crashed); no request can be served."""
-
-
-@dataclass
-class _Pending:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    prompt: Any
-    params: Any
-    added: bool = False  # handed to the engine (False while still in the inbox)
-    start: float = field(default_factory=time.perf_counter)
-
-
-class TokenizerFront:
-    """Tokenization off the event loop, on one worker thread with a processor (and
-    tokenizer) of its own. Shared by `AsyncLLM` and the data-parallel front
-    (`vllm.scaleout`), which tokenizes without holding an engine."""
-
-    processor: Any
-    _tokenizer_pool: ThreadPoolExecutor
-
-    async def run_in_tokenizer_thread(self, fn: Callable[..., _T], *args: Any,
-                                      **kwargs: Any) -> _T:
-        """Run `fn` on the tokenizer thread; the event loop stays free."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenizer_pool, lambda: fn(*args, **kwargs))
-
-    async def tokenize_prompts(self, prompts: Sequence[Any],
-                               truncate_prompt_tokens: Optional[int] = None,
-                               add_special_tokens: bool = True,
-                               truncation_side: Optional[str] = None) -> list[Any]:
-        """Tokenize every prompt (str, token ids, or a prompt dict) in one thread hop."""
-        processor = self.processor
-
-        def work() -> list[Any]:
-            if add_special_tokens:  # strings go through the tokenizer in one batch call
-                return processor.tokenize_many(list(prompts), truncate_prompt_tokens,
-                                               truncation_side)
-            return [processor.tokenize_prompt(p, truncate_prompt_tokens=truncate_prompt_tokens,
-                                              add_special_tokens=False,
-                                              truncation_side=truncation_side)
-                    for p in prompts]
-        return await self.run_in_tokenizer_thread(work)
-
-    async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
-                             truncate_prompt_tokens: Optional[int] = None,
-                             truncation_side: Optional[str] = None,
-                             max_tokens_2: int = 0) -> list[Any]:
-        """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form."""
-        processor = self.processor
-
-        def work() -> list[Any]:
-            return [processor.tokenize_pair(a, b, truncate_prompt_tokens, truncation_side,
-                                            max_tokens_2) for a, b in pairs]
-        return await self.run_in_tokenizer_thread(work)
 
 
 class AsyncLLM(TokenizerFront):
@@ -141,7 +88,7 @@ class AsyncLLM(TokenizerFront):
         self._tokenize_between_steps = tokenize_between_steps
         self._on_drained = on_drained
         self._cv = threading.Condition()
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Pending] = {}
         self._inbox: list[str] = []
         self._aborts: list[str] = []
         self._stopping = False
@@ -235,7 +182,7 @@ class AsyncLLM(TokenizerFront):
         A plain future rather than a task: a server request costs no task per prompt."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        pending = _Pending(loop, future, prompt, params)
+        pending = Pending(loop, future, prompt, params)
         overlap = isinstance(prompt, TextPrompt) and not self._tokenize_between_steps
         with self._cv:
             if not self.is_alive:
@@ -251,7 +198,7 @@ class AsyncLLM(TokenizerFront):
         future.add_done_callback(lambda f: self.abort([request_id]) if f.cancelled() else None)
         return future
 
-    def _tokenize_then_queue(self, request_id: str, pending: _Pending) -> None:
+    def _tokenize_then_queue(self, request_id: str, pending: Pending) -> None:
         """On the tokenizer thread, while a step may be running: tokenize the text, then
         queue the request (unless it was aborted meanwhile); a refusal fails it in `_admit`."""
         pending.prompt = self.processor.tokenize_texts([pending.prompt])[0]
@@ -276,7 +223,7 @@ class AsyncLLM(TokenizerFront):
                     self._aborts.append(rid)
                 elif rid in self._inbox:  # (else still on the tokenizer thread)
                     self._inbox.remove(rid)
-                _resolve(pending, error=asyncio.CancelledError())
+                resolve(pending, error=asyncio.CancelledError())
             self._cv.notify()
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -335,7 +282,7 @@ class AsyncLLM(TokenizerFront):
             for callback in callbacks:
                 callback()
 
-    def _admit(self, aborts: list[str], new: list[tuple[str, _Pending]]) -> None:
+    def _admit(self, aborts: list[str], new: list[tuple[str, Pending]]) -> None:
         """Apply aborts, tokenize the new texts in one batch, then add the new requests; a
         request the tokenizer or the engine refuses fails alone."""
         if aborts:
@@ -361,7 +308,7 @@ class AsyncLLM(TokenizerFront):
             except Exception as exc:
                 with self._cv:
                     self._pending.pop(rid, None)
-                _resolve(pending, error=exc)
+                resolve(pending, error=exc)
 
     def _await_arrivals(self, expected: int) -> None:
         """The engine is empty after a step that finished `expected` requests: wait until
@@ -388,7 +335,7 @@ class AsyncLLM(TokenizerFront):
         outputs = engine.step()
         with self._cv:
             done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
-        _resolve_outputs([(p, o) for p, o in done if p is not None])
+        resolve_outputs([(p, o) for p, o in done if p is not None])
         if not outputs and engine.stats.num_steps == steps:
             with self._cv:  # nothing could be scheduled: do not spin
                 self._cv.wait(0.005)
@@ -425,48 +372,11 @@ class AsyncLLM(TokenizerFront):
         except (KeyError, ValueError):
             pass
         for p in pending:
-            _resolve(p, error=error)
+            resolve(p, error=error)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:
             pending, self._pending = list(self._pending.values()), {}
             self._inbox, self._aborts = [], []
         for p in pending:
-            _resolve(p, error=error)
-
-
-def _complete(pending: _Pending, result: Any, error: Optional[BaseException]) -> None:
-    """Complete `pending`'s future; runs on its event loop."""
-    if pending.future.done():
-        return
-    if isinstance(error, asyncio.CancelledError):
-        pending.future.cancel()
-    elif error is not None:
-        pending.future.set_exception(error)
-    else:
-        pending.future.set_result(result)
-
-
-def _resolve(pending: _Pending, *, result: Any = None,
-             error: Optional[BaseException] = None) -> None:
-    """Complete an asyncio future from any thread (no-op if it is done or its loop closed)."""
-    try:
-        pending.loop.call_soon_threadsafe(_complete, pending, result, error)
-    except RuntimeError:  # the loop is closed: nobody is waiting any more
-        pass
-
-
-def _resolve_outputs(done: list[tuple[_Pending, Any]]) -> None:
-    """Complete a step's finished requests with one wake-up per event loop, not one each."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Any]]] = {}
-    for pending, output in done:
-        by_loop.setdefault(pending.loop, []).append((pending, output))
-
-    def complete_all(group: list[tuple[_Pending, Any]]) -> None:
-        for pending, output in group:
-            _complete(pending, output, None)
-    for loop, group in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(complete_all, group)
-        except RuntimeError:
-            pass
+            resolve(p, error=error)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from vllm import envs
-from vllm.engine.async_llm import EngineDeadError, TokenizerFront
+from vllm.engine.async_llm import EngineDeadError
+from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
 from vllm.logger import init_logger
 from vllm.scaleout.router import PrefixRouter
