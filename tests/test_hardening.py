@@ -453,3 +453,20 @@ def test_vllm_serve_exits_1_when_its_engine_dies(monkeypatch):
     finally:
         engine.failing_steps = 0
         thread.join(5)
+
+
+def test_a_large_embedding_response_is_streamed_and_equal(minilm):
+    """More than STREAM_MIN_ITEMS inputs: the JSON is sent item by item, and it is the same
+    answer as the same inputs in small requests."""
+    from vllm.entrypoints.openai.serving_engine import STREAM_MIN_ITEMS
+    texts = [f"text number {i}" for i in range(STREAM_MIN_ITEMS + 44)]
+    big = minilm.post("/v1/embeddings", {"input": texts})
+    assert big.status_code == 200 and "content-length" not in big.headers  # streamed
+    body = big.json()
+    assert list(body) == ["id", "object", "created", "model", "usage", "data"]
+    halves = [minilm.post("/v1/embeddings", {"input": part}).json()
+              for part in (texts[:150], texts[150:])]
+    want = [d["embedding"] for h in halves for d in h["data"]]
+    assert [d["index"] for d in body["data"]] == list(range(len(texts)))
+    np.testing.assert_allclose([d["embedding"] for d in body["data"]], want, atol=1e-6)
+    assert body["usage"]["prompt_tokens"] == sum(h["usage"]["prompt_tokens"] for h in halves)

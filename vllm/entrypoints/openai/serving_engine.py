@@ -6,10 +6,10 @@ import asyncio
 import itertools
 import time
 import random
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from fastapi import Depends, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
@@ -43,6 +43,26 @@ def json_response(body: BaseModel) -> Response:
     """Serialize a response model straight to JSON bytes with pydantic's serializer
     (no intermediate dict, no per-float re-encoding in Python)."""
     return Response(body.model_dump_json(), media_type="application/json")
+
+
+# A list response with more items than this is streamed one item at a time, each built
+# only when it is sent, so a 10k-input request's ~80 MB of JSON is never held whole.
+STREAM_MIN_ITEMS = 256
+
+
+def streamed_list_response(shell: BaseModel, items: Iterator[BaseModel]) -> Response:
+    """`shell` (a list response whose `data` is empty) with `items` as its data, sent
+    as the same JSON `json_response` would send for the full model."""
+    head = shell.model_dump_json()
+    assert head.endswith('"data":[]}'), "the list response must end with its data"
+    head = head[:-2]
+
+    def chunks() -> Iterator[bytes]:
+        yield head.encode()
+        for i, item in enumerate(items):
+            yield (("," if i else "") + item.model_dump_json()).encode()
+        yield b"]}"
+    return StreamingResponse(chunks(), media_type="application/json")
 
 
 class ServingContext:

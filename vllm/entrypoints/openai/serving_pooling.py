@@ -15,7 +15,8 @@ from vllm.entrypoints.openai.protocol import (ClassificationData, Classification
                                               PoolingResponseData, UsageInfo)
 from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_json_value
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
+from vllm.entrypoints.openai.serving_engine import (STREAM_MIN_ITEMS, ServingContext,
+                                                   json_response, streamed_list_response)
 from vllm.entrypoints.quantize import load_calibration, quantize
 from vllm.entrypoints.sparse import check_sparse
 from vllm.outputs import sparse_weights
@@ -135,12 +136,15 @@ class ServingPooling:
                 data=[EmbeddingResponseData(index=i, embedding=sparse_weights(v))
                       for i, v in enumerate(values)]))
         floats = body.encoding_format == "float"
-        data = [EmbeddingResponseData(index=i, embedding=as_list(v) if floats and isinstance(
+        data = (EmbeddingResponseData(index=i, embedding=as_list(v) if floats and isinstance(
             v, torch.Tensor) else to_json_value(v, body.encoding_format, body.embed_dtype,
                                                 body.endianness))
-            for i, v in enumerate(values)]
-        return EmbeddingResponse(id=rid, model=model, data=data,
-                                 usage=UsageInfo.of(prompt_tokens(outputs)))
+            for i, v in enumerate(values))
+        usage = UsageInfo.of(prompt_tokens(outputs))
+        if len(values) > STREAM_MIN_ITEMS:
+            return streamed_list_response(
+                EmbeddingResponse(id=rid, model=model, data=[], usage=usage), data)
+        return EmbeddingResponse(id=rid, model=model, data=list(data), usage=usage)
 
     async def pooling(self, body: PoolingRequest, http: Request) -> Any:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
