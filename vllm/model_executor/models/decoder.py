@@ -26,6 +26,20 @@ _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
+def rotated_qkv(layer: nn.Module, x: torch.Tensor,
+                rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused [q; k; v] projection of a decoder attention `layer` (Llama-family or Gemma),
+    per-head QK norms where it has them, and rotary on q and k: flat [T, H*D] tensors."""
+    t = x.shape[0]
+    q, k, v = layer.qkv_proj(x).split(layer.shard_sizes, dim=-1)
+    q = q.reshape(t, layer.num_heads, layer.head_dim)
+    k = k.reshape(t, layer.num_kv_heads, layer.head_dim)
+    if layer.q_norm is not None:
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
+    return q.reshape(t, -1), k.reshape(t, -1), v
+
+
 class DecoderAttention(nn.Module):
     def __init__(self, config, qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__()
@@ -47,14 +61,7 @@ class DecoderAttention(nn.Module):
                 meta: AttentionMetadata, residual: torch.Tensor,
                 rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """residual + attention output (only `rows` when given)."""
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
-        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta)
+        out = self.attn(*rotated_qkv(self, x, rotation), meta)
         return self.o_proj.forward_add(out if rows is None else out[rows], residual)
 
 

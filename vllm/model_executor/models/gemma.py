@@ -22,8 +22,8 @@ from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import Linear
 from vllm.model_executor.layers.norm import RMSNorm
-from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
-from vllm.model_executor.models.decoder import DecoderModel
+from vllm.model_executor.layers.rotary import RotaryEmbedding, rope_parameters
+from vllm.model_executor.models.decoder import DecoderModel, rotated_qkv
 
 
 def _layer_types(config) -> list[str]:
@@ -81,14 +81,7 @@ class GemmaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotation: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
-        return self.o_proj(self.attn(q.reshape(t, -1), k.reshape(t, -1), v, meta))
+        return self.o_proj(self.attn(*rotated_qkv(self, x, rotation), meta))
 
 
 class GemmaMLP(nn.Module):
