@@ -470,3 +470,31 @@ def test_a_large_embedding_response_is_streamed_and_equal(minilm):
     assert [d["index"] for d in body["data"]] == list(range(len(texts)))
     np.testing.assert_allclose([d["embedding"] for d in body["data"]], want, atol=1e-6)
     assert body["usage"]["prompt_tokens"] == sum(h["usage"]["prompt_tokens"] for h in halves)
+
+
+@pytest.mark.parametrize("route", ["/pooling", "/classify", "/invocations"])
+def test_large_pooling_and_classify_answers_are_streamed_and_equal(classifier3, route):
+    """/pooling and /classify (directly and through /invocations) stream past
+    STREAM_MIN_ITEMS items too, with the same JSON as small requests."""
+    from vllm.entrypoints.openai.serving_engine import STREAM_MIN_ITEMS
+    texts = [f"review {i}: fine" for i in range(STREAM_MIN_ITEMS + 10)]
+    big = classifier3.post(route, {"input": texts})
+    assert big.status_code == 200 and "content-length" not in big.headers, big.text[:300]
+    key = "data" if route == "/pooling" else "probs"
+    small_route = "/pooling" if route == "/pooling" else "/classify"
+    parts = [classifier3.post(small_route, {"input": p}).json()
+             for p in (texts[:100], texts[100:])]
+    want = [d[key] for part in parts for d in part["data"]]
+    got = big.json()["data"]
+    assert [d["index"] for d in got] == list(range(len(texts)))
+    np.testing.assert_allclose([d[key] for d in got], want, atol=1e-6)
+
+
+def test_invocations_answers_compact_encodings(minilm):
+    """/invocations passes non-JSON-model answers (base64 / bytes) through unchanged."""
+    body = {"input": ["one text", "two texts"], "encoding_format": "base64"}
+    via = minilm.post("/invocations", body)
+    direct = minilm.post("/v1/embeddings", body)
+    assert via.status_code == 200, via.text[:300]
+    assert [d["embedding"] for d in via.json()["data"]] == \
+        [d["embedding"] for d in direct.json()["data"]]

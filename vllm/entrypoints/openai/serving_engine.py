@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import time
 import random
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from fastapi import Depends, Request
 from fastapi.responses import Response, StreamingResponse
@@ -63,6 +63,14 @@ def streamed_list_response(shell: BaseModel, items: Iterator[BaseModel]) -> Resp
             yield (("," if i else "") + item.model_dump_json()).encode()
         yield b"]}"
     return StreamingResponse(chunks(), media_type="application/json")
+
+
+def list_response(shell: BaseModel, items: Iterable[BaseModel], count: int) -> Response:
+    """`shell` (a list response with empty `data`) answered with `items` as its data:
+    streamed past STREAM_MIN_ITEMS items, else one JSON body. Same bytes either way."""
+    if count > STREAM_MIN_ITEMS:
+        return streamed_list_response(shell, iter(items))
+    return json_response(shell.model_copy(update={"data": list(items)}))
 
 
 class ServingContext:

@@ -64,11 +64,9 @@ def make_router(pooling: ServingPooling, scores: ServingScores) -> APIRouter:
         if route == "/score":
             return json_response(await scores.score(_parse(ScoreRequest, body), request, route))
         if route == "/v1/embeddings":
-            return json_response(await pooling.embeddings(_parse(EmbeddingRequest, body),
-                                                          request))
+            return await pooling.embeddings(_parse(EmbeddingRequest, body), request)
         if route == "/classify":
-            return json_response(await pooling.classify(_parse(ClassificationRequest, body),
-                                                        request))
-        return json_response(await pooling.pooling(_parse(PoolingRequest, body), request))
+            return await pooling.classify(_parse(ClassificationRequest, body), request)
+        return await pooling.pooling(_parse(PoolingRequest, body), request)
 
     return router

@@ -15,8 +15,8 @@ from vllm.entrypoints.openai.protocol import (ClassificationData, Classification
                                               PoolingResponseData, UsageInfo)
 from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_json_value
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.serving_engine import (STREAM_MIN_ITEMS, ServingContext,
-                                                   json_response, streamed_list_response)
+from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,
+                                                   list_response)
 from vllm.entrypoints.quantize import load_calibration, quantize
 from vllm.entrypoints.sparse import check_sparse
 from vllm.outputs import sparse_weights
@@ -120,7 +120,7 @@ class ServingPooling:
                               encoding_format=body.encoding_format,
                               embed_dtype=body.embed_dtype, endianness=body.endianness)
 
-    async def embeddings(self, body: EmbeddingRequest, http: Request) -> Any:
+    async def embeddings(self, body: EmbeddingRequest, http: Request) -> Response:
         self._check_output_options(body)
         if body.sparse:
             self._check_sparse(body)
@@ -140,13 +140,11 @@ class ServingPooling:
             v, torch.Tensor) else to_json_value(v, body.encoding_format, body.embed_dtype,
                                                 body.endianness))
             for i, v in enumerate(values))
-        usage = UsageInfo.of(prompt_tokens(outputs))
-        if len(values) > STREAM_MIN_ITEMS:
-            return streamed_list_response(
-                EmbeddingResponse(id=rid, model=model, data=[], usage=usage), data)
-        return EmbeddingResponse(id=rid, model=model, data=list(data), usage=usage)
+        return list_response(EmbeddingResponse(
+            id=rid, model=model, data=[], usage=UsageInfo.of(prompt_tokens(outputs))),
+            data, len(values))
 
-    async def pooling(self, body: PoolingRequest, http: Request) -> Any:
+    async def pooling(self, body: PoolingRequest, http: Request) -> Response:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
         if body.precision is not None or body.ranges is not None:
             raise bad_request("precision applies to /v1/embeddings only.", "precision")
@@ -159,26 +157,27 @@ class ServingPooling:
         values = [o.outputs.data for o in outputs]
         if body.encoding_format in BYTE_FORMATS:
             return self._bytes(body, rid, model, outputs, values)
-        data = [PoolingResponseData(index=i, data=to_json_value(
+        data = (PoolingResponseData(index=i, data=to_json_value(
             v, body.encoding_format, body.embed_dtype, body.endianness))
-            for i, v in enumerate(values)]
-        return PoolingResponse(id=rid, model=model, data=data,
-                               usage=UsageInfo.of(prompt_tokens(outputs)))
+            for i, v in enumerate(values))
+        return list_response(PoolingResponse(
+            id=rid, model=model, data=[], usage=UsageInfo.of(prompt_tokens(outputs))),
+            data, len(values))
 
-    async def classify(self, body: ClassificationRequest,
-                       http: Request) -> ClassificationResponse:
+    async def classify(self, body: ClassificationRequest, http: Request) -> Response:
         model, rid, outputs = await self._encode(
             http, "/classify", body, "classify", activation=body.activation,
             use_activation=body.use_activation)
         id2label = self.ctx.model_config.id2label
-        data = []
-        for i, o in enumerate(outputs):
-            probs = as_list(o.outputs.data)
+
+        def item(i: int, probs: list[float]) -> ClassificationData:
             best = max(range(len(probs)), key=probs.__getitem__)
-            data.append(ClassificationData(index=i, label=id2label.get(best, f"LABEL_{best}"),
-                                           probs=probs, num_classes=len(probs)))
-        return ClassificationResponse(id=rid, model=model, data=data,
-                                      usage=UsageInfo.of(prompt_tokens(outputs)))
+            return ClassificationData(index=i, label=id2label.get(best, f"LABEL_{best}"),
+                                      probs=probs, num_classes=len(probs))
+        data = (item(i, as_list(o.outputs.data)) for i, o in enumerate(outputs))
+        return list_response(ClassificationResponse(
+            id=rid, model=model, data=[], usage=UsageInfo.of(prompt_tokens(outputs))),
+            data, len(outputs))
 
 
 def make_router(serving: ServingPooling) -> APIRouter:
@@ -186,20 +185,16 @@ def make_router(serving: ServingPooling) -> APIRouter:
     guard = serving.ctx.route_guard
 
     @router.post("/v1/embeddings", dependencies=[guard("/v1/embeddings")])
-    async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
-        return _respond(await serving.embeddings(body, request))
+    async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        return await serving.embeddings(body, request)
 
     @router.post("/pooling", dependencies=[guard("/pooling")])
-    async def create_pooling(body: PoolingRequest, request: Request) -> Any:
-        return _respond(await serving.pooling(body, request))
+    async def create_pooling(body: PoolingRequest, request: Request) -> Response:
+        return await serving.pooling(body, request)
 
     @router.post("/classify", dependencies=[guard("/classify")])
-    async def create_classify(body: ClassificationRequest, request: Request) -> Any:
-        return json_response(await serving.classify(body, request))
+    async def create_classify(body: ClassificationRequest, request: Request) -> Response:
+        return await serving.classify(body, request)
 
     return router
-
-
-def _respond(answer: Any) -> Response:
-    return answer if isinstance(answer, Response) else json_response(answer)
 
