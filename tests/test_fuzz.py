@@ -1,7 +1,8 @@
 """Fuzzing: the HTTP app against its own OpenAPI schema (schemathesis: no 5xx, the error
 envelope on every 4xx), and a hypothesis state machine over the KV-cache manager and its
-block pool (allocate, compute, hit, evict, preempt, free: reference counts, the free list,
-the hash map and every cache hit's contents stay consistent)."""
+block pool (allocate, compute, hit, copy a cached partial block, evict, preempt, free:
+reference counts, the free list, the hash maps and every cache hit's contents stay
+consistent)."""
 from __future__ import annotations
 
 import types
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule)
 
-from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.core.kv_cache_manager import KVCacheManager, hash_blocks, hash_runs
 from vllm.core.request import Request
 from vllm.entrypoints.openai.api_server import build_app
 
@@ -65,18 +66,31 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.content: dict[int, tuple[int, ...]] = {}
         self.next_id = 0
 
-    @rule(tokens=prompts, chunk=st.integers(1, 16))
-    def admit(self, tokens: list[int], chunk: int) -> None:
-        req = Request(f"r{self.next_id}", tokens)
+    @rule(tokens=prompts, chunk=st.integers(1, 16), prompt_len=st.integers(0, 12))
+    def admit(self, tokens: list[int], chunk: int, prompt_len: int) -> None:
+        """Admit a request whose first `prompt_len` tokens are a shared prompt (its
+        partial last block gets cached); a cached partial run is copied, as the runner."""
+        req = Request(f"r{self.next_id}", tokens, prompt_len=prompt_len)
         self.next_id += 1
         self.kv.prepare(req)
         hits, num_hit = self.kv.get_computed_blocks(req)
-        assert num_hit < req.num_tokens  # never the last token
         for i, block in enumerate(hits):  # a hit holds exactly this prompt's prefix
             assert self.content.get(block.block_id) == tuple(tokens[:(i + 1) * BLOCK])
+        partial = self.kv.find_partial(req, num_hit)
+        source = None
+        if partial is not None:  # its first slots hold exactly this prompt's next tokens
+            end = num_hit + partial.num_tokens
+            source = self.content.get(partial.block.block_id, ())[:end]
+            assert source == tuple(tokens[:end])
+            num_hit = end
+        assert num_hit < req.num_tokens  # never the last token
         req.num_computed_tokens = num_hit
         n = min(chunk, req.num_tokens - num_hit)
         if self.kv.allocate_slots(req, n, hits):
+            if partial is not None:  # the runner's copy, before the step writes anything
+                copy = self.kv.copy_for(req, partial)
+                assert copy.src == partial.block.block_id and copy.num_slots == len(source) % BLOCK
+                self.content[copy.dst] = source
             self.running[req.request_id] = req
             self._compute(req, n)
 
@@ -111,6 +125,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         for i in range(start // BLOCK, -(-req.num_computed_tokens // BLOCK)):
             end = min((i + 1) * BLOCK, req.num_computed_tokens)
             self.content[blocks[i].block_id] = tuple(req.prompt_token_ids[:end])
+        self.kv.cache_partial(req)  # after the step wrote them, as Scheduler.update
 
     @invariant()
     def reference_counts_match_holders(self) -> None:
@@ -134,6 +149,19 @@ class KVCacheMachine(RuleBasedStateMachine):
         for req in self.running.values():
             for i, block in enumerate(self.kv.req_blocks[req.request_id]):
                 assert block.block_hash in (None, *req.block_hashes[i:i + 1])
+        for run_hash, block in pool._partial.items():
+            assert run_hash in block.partial_hashes
+        assert sum(len(b.partial_hashes) for b in pool.blocks) == len(pool._partial)
+
+    @invariant()
+    def partial_runs_hold_their_tokens(self) -> None:
+        """Every cached partial run's block still holds a prompt whose hash chain gives
+        that run's hash (its memory was not handed to another request)."""
+        for run_hash, block in self.kv.pool._partial.items():
+            held = self.content[block.block_id]
+            start = (len(held) - 1) // BLOCK * BLOCK
+            parent = hash_blocks(list(held[:start]), BLOCK)[-1:] or [b""]
+            assert run_hash in hash_runs(parent[0], list(held[start:]))
 
 
 TestKVCacheMachine = KVCacheMachine.TestCase

@@ -225,6 +225,9 @@ class ModelConfig:
         if st is not None and st.prompts:
             logger.info("sentence-transformers prompts: %s; default_prompt_name: %s",
                         st.prompts, st.default_prompt_name)
+        if st is not None and not st.include_prompt:
+            logger.info("sentence-transformers Pooling include_prompt false: a prompt's "
+                        "tokens are left out of %s pooling.", st.pooling_type)
         pc = self.pooler_config
         if pc.enable_chunked_processing:
             if self.convert != "embed":

@@ -26,6 +26,9 @@ class Request:
     pooling_params: Any = None
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None
+    # Leading tokens that are a known shared run (a sentence-transformers prompt): the KV
+    # cache keeps their partial last block too; MEAN/CLS pooling may exclude them.
+    prompt_len: Optional[int] = None
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -33,6 +36,8 @@ class Request:
     num_steps: int = 0                  # steps in which some of its tokens were computed
     num_preemptions: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
+    # (prompt_len, hashes of every cut of its partial last block): see KVCacheManager
+    partial_run: Optional[tuple[int, list[bytes]]] = None
 
     @property
     def num_tokens(self) -> int:

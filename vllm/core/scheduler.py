@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vllm.config.scheduler import SchedulerConfig
-from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.core.kv_cache_manager import BlockCopy, KVCacheManager
 from vllm.core.request import Request, RequestStatus
 
 
@@ -21,6 +22,9 @@ class ScheduledRequest:
     num_computed: int     # k: tokens already in the cache before this step
     num_new: int          # n: tokens computed in this step
     block_ids: list[int]
+    # A cached partial block's slots the runner copies into this request's own block
+    # before the forward pass (its first step only).
+    copy: Optional[BlockCopy] = None
 
     @property
     def finishes(self) -> bool:
@@ -97,6 +101,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             hits, num_hit = self.kv.get_computed_blocks(req)
+            partial = self.kv.find_partial(req, num_hit)
+            if partial is not None:
+                num_hit += partial.num_tokens
             n = req.num_tokens - num_hit
             if n > budget and not chunked:
                 break
@@ -105,13 +112,15 @@ class Scheduler:
             if not self.kv.allocate_slots(req, n, hits):
                 req.num_computed_tokens = 0
                 break
+            copy = self.kv.copy_for(req, partial) if partial is not None else None
             self.kv.record_lookup(req.num_tokens, num_hit)
             self.waiting.popleft()
             if req.num_preemptions == 0:
                 req.num_cached_tokens = num_hit
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, num_hit, n, self.kv.block_ids(req)))
+            out.scheduled.append(ScheduledRequest(req, num_hit, n, self.kv.block_ids(req),
+                                                  copy))
             budget -= n
 
     def _chunk(self, remaining: int, budget: int) -> int:
@@ -138,6 +147,7 @@ class Scheduler:
             req = s.request
             req.num_computed_tokens = s.num_computed + s.num_new
             req.num_steps += 1
+            self.kv.cache_partial(req)
             if s.finishes:
                 req.status = RequestStatus.FINISHED
                 self.running.remove(req)

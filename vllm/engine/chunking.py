@@ -50,7 +50,8 @@ class ChunkedInputs:
         for i, start in enumerate(range(0, len(ids), self.max_len)):
             end = start + self.max_len
             chunks.append((f"{request_id}{_SEP}{i}", TokenizedPrompt(
-                ids[start:end], types[start:end] if types else None, prompt.cache_salt)))
+                ids[start:end], types[start:end] if types else None, prompt.cache_salt,
+                prompt.prompt_len if i == 0 else None)))
         self._parents[request_id] = _Parent(list(ids), normalize, {c for c, _ in chunks})
         return chunks
 

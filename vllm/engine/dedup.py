@@ -18,7 +18,7 @@ from vllm.pooling_params import PoolingParams
 
 def request_key(prompt: TokenizedPrompt, params: PoolingParams) -> Hashable:
     return (tuple(prompt.prompt_token_ids), tuple(prompt.token_type_ids or ()),
-            prompt.cache_salt, repr(params))
+            prompt.cache_salt, prompt.prompt_len, repr(params))
 
 
 class Deduplicator:

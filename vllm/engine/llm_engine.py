@@ -75,7 +75,8 @@ class LLMEngine:
             parts = self._chunks.split(request_id, prompt, bool(params.normalize))
         for rid, part in parts:
             self.scheduler.add_request(Request(rid, part.prompt_token_ids, params,
-                                               part.token_type_ids, part.cache_salt))
+                                               part.token_type_ids, part.cache_salt,
+                                               prompt_len=part.prompt_len))
 
     def verify_task(self, task: str) -> None:
         tasks = self.model_config.supported_tasks

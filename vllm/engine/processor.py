@@ -45,6 +45,7 @@ class TokenizedPrompt:
     prompt_token_ids: list[int]
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None   # separates prefix-cache entries (e.g. per tenant)
+    prompt_len: Optional[int] = None   # leading tokens that are a sentence-transformers prompt
 
 
 @dataclass
@@ -54,6 +55,7 @@ class TextPrompt:
     text: str
     truncate_prompt_tokens: Optional[int] = None
     truncation_side: Optional[str] = None
+    prompt_len: Optional[int] = None
 
 
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
@@ -77,6 +79,7 @@ class InputProcessor:
         # vLLM) lower-case the text itself before tokenizing; a fast tokenizer ignores a
         # do_lower_case attribute set after loading.
         self.lower_case = bool(model_config.st_config and model_config.st_config.do_lower_case)
+        self._prompt_lens: dict[str, int] = {}
 
     def _text(self, text: str, field: str = "input") -> str:
         check_text(text, field)
@@ -172,18 +175,7 @@ class InputProcessor:
         """Prefix each text with a sentence-transformers prompt: `prompt` (raw) or the
         model's prompt named `prompt_name`, else (`default`) its default_prompt_name's, as
         `SentenceTransformer.encode`. The prompt's tokens are part of the input."""
-        if prompt is not None and prompt_name is not None:
-            raise ValueError("Pass either prompt or prompt_name, not both.")
-        known = self.mc.prompts
-        if prompt_name is not None:
-            if prompt_name not in known:
-                raise ValueError(f"Unknown prompt_name {prompt_name!r}; this model's prompts "
-                                 f"are: {', '.join(map(repr, known)) or 'none'}.")
-            prompt = known[prompt_name]
-        elif prompt is None and default and self.mc.default_prompt_name is not None:
-            prompt = known[self.mc.default_prompt_name]
-            if not all(_text_of(p) is not None for p in prompts):
-                return prompts  # token ids as given: the default prompt is for texts
+        prompt = self._resolve_prompt(prompts, prompt_name, prompt, default)
         if not prompt:
             return prompts
         out = []
@@ -194,6 +186,36 @@ class InputProcessor:
                                  "token-id inputs already hold their prompt.")
             out.append(prompt + text if isinstance(p, str) else {**p, "prompt": prompt + text})
         return out
+
+    def prompt_len(self, prompts: list[PromptType], prompt_name: Optional[str] = None,
+                   prompt: Optional[str] = None, default: bool = True) -> Optional[int]:
+        """How many leading tokens of each of `with_prompt`'s texts are the prompt, counted
+        as sentence-transformers does (the prompt tokenized alone, less a trailing special
+        token); None when no prompt applies."""
+        prompt = self._resolve_prompt(prompts, prompt_name, prompt, default)
+        if not prompt:
+            return None
+        if prompt not in self._prompt_lens:
+            ids = self.tokenizer(self._text(prompt, "prompt"))["input_ids"]
+            trailing = bool(ids) and ids[-1] in self.tokenizer.all_special_ids
+            self._prompt_lens[prompt] = len(ids) - int(trailing)
+        return self._prompt_lens[prompt]
+
+    def _resolve_prompt(self, prompts: list[PromptType], prompt_name: Optional[str],
+                        prompt: Optional[str], default: bool) -> Optional[str]:
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("Pass either prompt or prompt_name, not both.")
+        known = self.mc.prompts
+        if prompt_name is not None:
+            if prompt_name not in known:
+                raise ValueError(f"Unknown prompt_name {prompt_name!r}; this model's prompts "
+                                 f"are: {', '.join(map(repr, known)) or 'none'}.")
+            return known[prompt_name]
+        if prompt is None and default and self.mc.default_prompt_name is not None:
+            if not all(_text_of(p) is not None for p in prompts):
+                return None  # token ids as given: the default prompt is for texts
+            return known[self.mc.default_prompt_name]
+        return prompt
 
     def tokenize_prompt(self, prompt: PromptType, truncate_prompt_tokens: Optional[int] = None,
                         add_special_tokens: bool = True,
@@ -261,6 +283,8 @@ class InputProcessor:
             except Exception:  # find the culprit(s): one text at a time
                 done = [self._try_one(prompts[i].text, truncate, side) for i in idx]
             for i, result in zip(idx, done):
+                if isinstance(result, TokenizedPrompt):
+                    result.prompt_len = prompts[i].prompt_len
                 out[i] = result
         return out  # type: ignore[return-value]
 

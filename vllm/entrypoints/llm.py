@@ -70,10 +70,11 @@ class LLM:
             check_sparse(self.llm_engine.model_config)
             if precision != "float32":
                 raise ValueError("sparse=True returns float weights; leave precision unset.")
-        prompt_list = self.llm_engine.processor.with_prompt(_as_list(prompts), prompt_name,
-                                                            prompt)
+        processor = self.llm_engine.processor
+        prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
         outs = self._run(prompt_list, pooling_params, "embed", truncate_prompt_tokens,
-                         use_tqdm, truncation_side)
+                         use_tqdm, truncation_side,
+                         processor.prompt_len(_as_list(prompts), prompt_name, prompt))
         if precision != "float32":
             ranges = ranges if ranges is not None else self._calibration(precision)
             for o in outs:
@@ -149,13 +150,18 @@ class LLM:
 
     def _run(self, prompts: Prompts, params: Params, task: str,
              truncate_prompt_tokens: Optional[int], use_tqdm: bool,
-             truncation_side: Optional[str] = None) -> list[PoolingRequestOutput]:
+             truncation_side: Optional[str] = None,
+             prompt_len: Optional[int] = None) -> list[PoolingRequestOutput]:
+        """`prompt_len`: the leading tokens of every prompt that are its
+        sentence-transformers prompt (see InputProcessor.prompt_len)."""
         self.llm_engine.verify_task(task)
         prompt_list = _as_list(prompts)
         if not prompt_list:
             return []
         tokenized = self.llm_engine.processor.tokenize_many(prompt_list, truncate_prompt_tokens,
                                                             truncation_side)
+        for t in tokenized:
+            t.prompt_len = prompt_len
         return self._run_tokenized(tokenized, _params_list(params, len(prompt_list)), task,
                                    use_tqdm)
 

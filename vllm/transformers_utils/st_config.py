@@ -30,6 +30,9 @@ class DenseSpec:
 @dataclass
 class SentenceTransformersConfig:
     pooling_type: Optional[str] = None
+    # Pooling's include_prompt: False = a prompt's tokens are left out of the pooled
+    # tokens (MEAN skips them, CLS takes the first token after them), as ST's Pooling.
+    include_prompt: bool = True
     normalize: bool = False
     dense: list[DenseSpec] = field(default_factory=list)
     max_seq_length: Optional[int] = None
@@ -65,6 +68,8 @@ def load_st_config(path: Path) -> Optional[SentenceTransformersConfig]:
         mpath = path / module.get("path", "")
         if kind == "Pooling":
             cfg.pooling_type = _pooling_type(mpath)
+            cfg.include_prompt = bool((read_json(mpath / "config.json") or {})
+                                      .get("include_prompt", True))
         elif kind == "Dense":
             cfg.dense.append(_dense_spec(mpath))
         elif kind == "SpladePooling":

@@ -33,6 +33,8 @@ class ModelRunner:
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")
         self.block_size = vllm_config.cache_config.block_size
+        # sentence-transformers Pooling include_prompt false: pool without the prompt.
+        self.pool_prompt = mc.st_config is None or mc.st_config.include_prompt
         self.uses_kv_cache = vllm_config.uses_kv_cache
         self.num_blocks = self._size_kv_cache()
         vllm_config.cache_config.num_blocks = self.num_blocks
@@ -108,6 +110,7 @@ class ModelRunner:
         """Run the scheduled tokens; return pooled outputs of requests that finished."""
         if not out.scheduled:
             return {}
+        self._copy_blocks(out)
         # Lay requests out by shape so attention buckets are contiguous slices.
         out.scheduled.sort(key=lambda s: sort_key(s.num_computed, s.num_new))
         input_ids, positions, token_types, meta = self._prepare(out)
@@ -115,13 +118,29 @@ class ModelRunner:
         for i, s in enumerate(out.scheduled):
             if s.finishes:
                 req = s.request
-                slices.append(PoolingSlice(meta.query_start_loc[i], s.num_new, s.num_computed,
-                                           req.prompt_token_ids, req.pooling_params))
+                slices.append(PoolingSlice(
+                    meta.query_start_loc[i], s.num_new, s.num_computed, req.prompt_token_ids,
+                    req.pooling_params, 0 if self.pool_prompt else req.prompt_len or 0))
                 ids.append(req.request_id)
         meta.output_rows = self.pooler.rows_needed(slices, self.device)
         hidden = self.model(input_ids, positions, meta, token_types)
         return dict(zip(ids, self.pooler(hidden, slices,
                                          selected=meta.output_rows is not None)))
+
+    def _copy_blocks(self, out: SchedulerOutput) -> None:
+        """Copy cached partial blocks' slots into their readers' own blocks (every layer,
+        K and V). Runs before the forward pass, so it reads each source before this step
+        writes any slot (a source freed and handed out again in this step included), and
+        gathers every source before writing any destination."""
+        copies = [s.copy for s in out.scheduled if s.copy is not None]
+        if not copies or not self.kv_caches:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(c.num_slots) + c.src * bs for c in copies])
+        dst = torch.cat([torch.arange(c.num_slots) + c.dst * bs for c in copies])
+        src, dst = src.to(self.device), dst.to(self.device)
+        for cache in self.kv_caches:
+            cache.index_copy_(1, dst, cache.index_select(1, src))
 
     def _prepare(self, out: SchedulerOutput):
         ids: list[int] = []

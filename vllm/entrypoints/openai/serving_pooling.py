@@ -47,10 +47,16 @@ class ServingPooling:
         if getattr(body, "task", None) is not None:  # /pooling may name the task
             task = ctx.check_task(body.task)
         params = ctx.make_params(task, **param_fields)
-        inputs = self._with_prompt(body, ctx.input_prompts(body.input), task)
+        raw_inputs = ctx.input_prompts(body.input)
+        inputs = self._with_prompt(body, raw_inputs, task)
         prompts = await ctx.tokenize(inputs, body.truncate_prompt_tokens,
                                      body.add_special_tokens,
                                      side=getattr(body, "truncation_side", None))
+        if inputs is not raw_inputs:  # a prompt applied: say how many tokens it is
+            n = ctx.engine.processor.prompt_len(raw_inputs, getattr(body, "prompt_name", None),
+                                                getattr(body, "prompt", None), task == "embed")
+            for p in prompts:
+                p.prompt_len = n
         response_id = ctx.response_id(http, prefix, body)
         outputs = await ctx.run(http, prompts, params, response_id)
         return model, response_id, outputs

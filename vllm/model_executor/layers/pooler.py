@@ -27,6 +27,9 @@ class PoolingSlice:
     num_computed: int
     token_ids: list[int]
     params: PoolingParams
+    # Leading tokens left out of MEAN pooling, whose CLS is the token after them: a
+    # sentence-transformers prompt when the model's Pooling has include_prompt false.
+    skip: int = 0
 
 
 class Pooler:
@@ -90,7 +93,7 @@ class Pooler:
         else:
             for s in slices:
                 _require_whole(s, "CLS")
-            rows = [s.start for s in slices]
+            rows = [s.start + (s.skip if s.skip < s.num_new else 0) for s in slices]
         return torch.tensor(rows, dtype=torch.long, device=device)
 
     def _post(self, vec: torch.Tensor, p: PoolingParams) -> torch.Tensor:
@@ -132,11 +135,12 @@ def _mean_pool(hidden: torch.Tensor, slices: list[PoolingSlice]) -> torch.Tensor
     segment = torch.full((hidden.shape[0],), len(slices), dtype=torch.long)
     for i, s in enumerate(slices):
         _require_whole(s, "MEAN")
-        segment[s.start: s.start + s.num_new] = i
+        segment[s.start + min(s.skip, s.num_new): s.start + s.num_new] = i
     sums = torch.zeros(len(slices) + 1, hidden.shape[1], dtype=torch.float32,
                        device=hidden.device)
     sums.index_add_(0, segment.to(hidden.device), hidden.float())
-    counts = torch.tensor([s.num_new for s in slices], dtype=torch.float32,
+    # No token left (a prompt covering the whole input): zeros, as ST's clamped mean.
+    counts = torch.tensor([max(s.num_new - s.skip, 1) for s in slices], dtype=torch.float32,
                           device=hidden.device)
     return sums[:-1] / counts[:, None]  # float32, as upstream (heads cast to their dtype)
 
