@@ -76,3 +76,44 @@ def test_server_prompt_name(server, prompt_dir, st_model):
         "code": 400}}
     r = server.post("/v1/embeddings", {"input": [1, 2], "prompt": "query: "})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+# ----- Pooling include_prompt false: the prompt's tokens are left out of pooling ---------------
+def _without_prompt(src: str, dst, pooling: str) -> str:
+    path = mf.copy_checkpoint(src, dst)
+    conf_path = path / "1_Pooling" / "config.json"
+    conf = json.loads(conf_path.read_text())
+    conf.update(include_prompt=False, pooling_mode_mean_tokens=pooling == "mean",
+                pooling_mode_cls_token=pooling == "cls")
+    conf_path.write_text(json.dumps(conf))
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=["mean", "cls"])
+def no_prompt_dir(request, prompt_dir, tmp_path_factory):
+    return _without_prompt(prompt_dir, tmp_path_factory.mktemp("noprompt") / "m", request.param)
+
+
+def test_include_prompt_false_matches_sentence_transformers(no_prompt_dir, st_model):
+    """MEAN skips the prompt's tokens ([CLS] + the prompt's own); CLS takes the first
+    token after them (sentence-transformers 6.2's Pooling); no prompt: nothing skipped."""
+    from sentence_transformers import SentenceTransformer
+    ref_model = SentenceTransformer(no_prompt_dir, device="cpu")
+    assert ref_model[1].include_prompt is False
+    llm = LLM(model=no_prompt_dir)
+    for kwargs in ({"prompt_name": "query"}, {"prompt": "passage: "}, {}, {"prompt": ""}):
+        got = _embeds(llm.embed(TEXTS, use_tqdm=False, **kwargs))
+        np.testing.assert_allclose(got, ref_model.encode(TEXTS, **kwargs), atol=1e-5)
+    # Not the embedding with the prompt pooled in (st_model: include_prompt true).
+    with_prompt = st_model.encode(TEXTS, prompt="passage: ")
+    assert np.abs(_embeds(llm.embed(TEXTS, prompt="passage: ", use_tqdm=False))
+                  - with_prompt).max() > 1e-3
+
+
+def test_server_include_prompt_false(prompt_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    path = _without_prompt(prompt_dir, tmp_path / "m", "mean")
+    ref = SentenceTransformer(path, device="cpu").encode(TEXTS, prompt_name="passage")
+    for client in _model_server(path):
+        out = _ok(client.post("/v1/embeddings", {"input": TEXTS, "prompt_name": "passage"}))
+        np.testing.assert_allclose([d["embedding"] for d in out["data"]], ref, atol=1e-5)
