@@ -7,9 +7,9 @@ raw `prompt` prefix, 60 tokens with [CLS]) by a ~40M-parameter random Qwen3ForCa
 - `cached`: with the instruction, its blocks already cached (a serving steady state);
 - `uncached`: with the instruction, prefix caching off.
 Prints queries/s and the cost ratios cached/plain (target <= 1.2x; also the median of
-the per-repeat paired ratios) and uncached/plain, for
-block_size 16 (vLLM's default: 60 = 3 full blocks + 12 tokens, the partial block's run is
-copied into each query's own block) and block_size 4 (whole blocks only). Writes results/bench_instruction_cache.json.
+the per-repeat paired ratios) and uncached/plain, for block_size 16 (vLLM's default:
+60 = 3 full blocks + 12 tokens, the partial block's run is copied into each query's own
+block) and block_size 4 (whole blocks only). Writes results/bench_instruction_cache.json.
 
     python benchmarks/bench_instruction_cache.py [--repeats 3] [--queries 128]
 """

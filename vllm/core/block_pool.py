@@ -4,8 +4,9 @@ Owns no tensor: the worker maps block ids to KV memory. A freed block keeps its 
 until it is handed out again, so a later request with the same prefix can revive it.
 
 Besides its full-block hash, a block may carry partial hashes: each says its first j
-slots hold a known token run (a prompt's last, partial block, cut at any j). Readers never share such a block; they
-copy its valid slots into a block of their own (see KVCacheManager.find_partial).
+slots hold a known token run (a prompt's last, partial block, cut at any j). Readers
+never share such a block; they copy its valid slots into a block of their own (see
+KVCacheManager.find_partial).
 """
 from __future__ import annotations
 

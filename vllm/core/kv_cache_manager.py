@@ -7,9 +7,9 @@ A prompt's last, partial block is cached too (copy-on-write): a request that kno
 first `prompt_len` tokens are a shared run (a sentence-transformers prompt) registers
 that block's valid slots under hash(parent hash, the run's tokens in it), for every cut
 of the run (a BPE tokenizer may merge the prompt's last token with the text's first),
-once its step has written them; a later request continuing the same tokens gets a fresh block of its
-own, the runner copies those slots into it before the step's forward pass, and only the
-request's own tokens are computed.
+once its step has written them; a later request continuing the same tokens gets a fresh
+block of its own, the runner copies those slots into it before the step's forward pass,
+and only the request's own tokens are computed.
 """
 from __future__ import annotations
 
