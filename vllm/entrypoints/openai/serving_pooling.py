@@ -53,8 +53,10 @@ class ServingPooling:
                                      body.add_special_tokens,
                                      side=getattr(body, "truncation_side", None))
         if inputs is not raw_inputs:  # a prompt applied: say how many tokens it is
-            n = ctx.engine.processor.prompt_len(raw_inputs, getattr(body, "prompt_name", None),
-                                                getattr(body, "prompt", None), task == "embed")
+            n = await ctx.engine.run_in_tokenizer_thread(  # that thread's tokenizer
+                ctx.engine.processor.prompt_len, raw_inputs,
+                getattr(body, "prompt_name", None), getattr(body, "prompt", None),
+                task == "embed")
             for p in prompts:
                 p.prompt_len = n
         response_id = ctx.response_id(http, prefix, body)
