@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from vllm.platforms.process import prefer_huge_pages
+from vllm.platforms.process import bound_shape_caches, prefer_huge_pages
 from vllm.version import __version__
 
 _EXPORTS = {
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from vllm.pooling_params import PoolingParams
 
 prefer_huge_pages()  # first: before anything loads torch
+bound_shape_caches()
 
 
 def __getattr__(name: str) -> Any:

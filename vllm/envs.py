@@ -53,6 +53,11 @@ environment_variables: dict[str, EnvVar] = {
     # ----- read before torch loads (set by vllm.platforms where unset) --------------------
     "THP_MEM_ALLOC_ENABLE": EnvVar(None, _str, "torch: 1 = huge-page-aligned CPU buffers "
                                    "(vllm sets 1 where unset; 0 turns it off)."),
+    "LRU_CACHE_CAPACITY": EnvVar(None, _str, "torch/ideep per-shape computation cache "
+                                 "entries; vllm sets 64 where unset (torch: 1024)."),
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": EnvVar(None, _str, "oneDNN per-shape primitive cache "
+                                              "entries; vllm sets 64 where unset (oneDNN: "
+                                              "1024)."),
     "GOMP_SPINCOUNT": EnvVar(None, _str, "libgomp idle spin; `vllm serve` on CPU sets 10000 "
                              "where neither it nor OMP_WAIT_POLICY is set."),
     "OMP_NUM_THREADS": EnvVar(None, _str, "OpenMP threads; when set, data-parallel CPU "

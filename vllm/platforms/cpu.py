@@ -21,6 +21,7 @@ from vllm import envs
 from vllm.logger import init_logger
 from vllm.platforms import cpu_malloc
 from vllm.platforms.interface import GiB, Platform, ServingPolicy
+from vllm.platforms.process import SHAPE_CACHE_ENVS
 
 logger = init_logger(__name__)
 
@@ -48,6 +49,10 @@ class CpuPlatform(Platform):
         onednn = self.linear_impl(dtype) == "onednn"
         logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual epilogues "
                     "(VLLM_CPU_ONEDNN_LINEAR=0 turns it off)" if onednn else "F.linear")
+        if onednn:
+            caps = {name: envs.get(name) or "unset, 1024" for name in SHAPE_CACHE_ENVS}
+            logger.info("oneDNN per-shape caches bounded so memory levels off: %s",
+                        ", ".join(f"{k}={v}" for k, v in caps.items()))
 
     def serving_policy(self) -> ServingPolicy:
         return ServingPolicy(share_heap=True, arrival_window=True, tokenize_between_steps=True)
