@@ -1,4 +1,71 @@
-"""Minimal shim so that legacy tooling (`python setup.py develop`) works; metadata lives in pyproject.toml."""
-from setuptools import setup
+"""Builds the C++ CPU kernels (csrc/, via CMakeLists.txt) into vllm/_kernels/ at install.
 
-setup()
+Metadata lives in pyproject.toml. The kernels are optional: where there is no CMake, no
+C++ compiler or OpenMP, or the build fails, the install still succeeds without them, and
+the engine logs one warning at start-up and uses its torch paths
+(vllm/model_executor/layers/cpu_kernels.py).
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = pathlib.Path(__file__).resolve().parent
+LIB = "libvllm_cpu_kernels.so"
+
+
+def build_kernels(dest: pathlib.Path) -> str:
+    """Configure and build with CMake into a temporary folder, copy the library to `dest`;
+    returns '' or why it was not built."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        return "no cmake on PATH"
+    with tempfile.TemporaryDirectory(prefix="vllm-kernels-") as tmp:
+        jobs = str(max(1, min(4, os.cpu_count() or 1)))
+        for cmd in ([cmake, "-S", str(ROOT), "-B", tmp, "-DCMAKE_BUILD_TYPE=Release"],
+                    [cmake, "--build", tmp, "-j", jobs]):
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode:
+                tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
+                return f"`{' '.join(cmd[:2])}` failed: {' | '.join(tail)}"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(pathlib.Path(tmp) / LIB, dest / LIB)
+    return ""
+
+
+class CMakeKernels(build_ext):
+    """Builds the one CMake target; never fails the install."""
+
+    def build_extension(self, ext: Extension) -> None:
+        dest = pathlib.Path(self.get_ext_fullpath(ext.name)).parent
+        targets = [dest]
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.append(ROOT / "vllm" / "_kernels")  # an editable install imports here
+        for where in targets:
+            why = build_kernels(where) if where == dest else _copy(dest, where)
+            if why:
+                print(f"WARNING: vllm's C++ CPU kernels were not built ({why}); the engine "
+                      "will use its torch paths.", file=sys.stderr)
+                return
+
+    def get_outputs(self) -> list:
+        return [str(pathlib.Path(self.get_ext_fullpath(e.name)).parent / LIB)
+                for e in self.extensions]
+
+
+def _copy(src: pathlib.Path, dest: pathlib.Path) -> str:
+    if not (src / LIB).exists():
+        return "the build left no library"
+    if src.resolve() != dest.resolve():
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / LIB, dest / LIB)
+    return ""
+
+
+setup(ext_modules=[Extension("vllm._kernels.vllm_cpu_kernels", sources=[])],
+      cmdclass={"build_ext": CMakeKernels})

@@ -9,18 +9,38 @@
 //
 // x: [N, D] or [N0, N1, D], float32 or bfloat16, any strides on the leading dimensions,
 // unit stride in D (q / k heads split out of a fused projection); weight: [D] of x's dtype.
-// Returns a contiguous tensor of x's shape and dtype. Built lazily by
-// vllm/model_executor/layers/cpu_kernels.py.
-#include <ATen/Parallel.h>
-#include <torch/extension.h>
+// out: contiguous, x's shape and dtype. A plain C entry point on raw pointers (no torch
+// headers; bfloat16 as its 16 bits), called through ctypes by
+// vllm/model_executor/layers/cpu_kernels.py, which checks shapes and dtypes.
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 namespace {
 
+struct BF16 {
+  uint16_t bits;
+};
+
 inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(BF16 v) {
+  const uint32_t u = uint32_t(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename T> inline T from_float(float f);
+template <> inline float from_float<float>(float f) { return f; }
+template <> inline BF16 from_float<BF16>(float f) {  // round to nearest even, as torch does
+  if (std::isnan(f)) return BF16{0x7FC0};
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return BF16{uint16_t((u + (((u >> 16) & 1) + 0x7FFF)) >> 16)};
+}
 
 template <typename T>
 void norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
@@ -38,50 +58,35 @@ void norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
   for (; j < d; ++j) sum += to_float(x[j]) * to_float(x[j]);
   const float scale = 1.f / std::sqrt(sum / static_cast<float>(d) + eps);
   for (int64_t i = 0; i < d; ++i) {
-    const T h = static_cast<T>(to_float(x[i]) * scale);  // rounded as Hugging Face does
-    out[i] = static_cast<T>(to_float(w[i]) * to_float(h));
+    const T h = from_float<T>(to_float(x[i]) * scale);  // rounded as Hugging Face does
+    out[i] = from_float<T>(to_float(w[i]) * to_float(h));
   }
 }
 
 template <typename T>
-void norm_rows(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& out,
-               float eps) {
-  const int64_t d = x.size(-1);
-  const int64_t n0 = x.size(0), n1 = x.dim() == 3 ? x.size(1) : 1;
-  const int64_t s0 = x.stride(0), s1 = x.dim() == 3 ? x.stride(1) : 0;
-  const T* xp = x.data_ptr<T>();
-  const T* wp = weight.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
-  at::parallel_for(0, n0 * n1, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t a = r / n1, b = r % n1;
-      norm_row<T>(xp + a * s0 + b * s1, wp, op + r * d, d, eps);
-    }
-  });
+void norm_rows(const void* x, const void* w, void* out, int64_t n0, int64_t n1, int64_t s0,
+               int64_t s1, int64_t d, float eps, int threads) {
+  const T* xp = static_cast<const T*>(x);
+  const T* wp = static_cast<const T*>(w);
+  T* op = static_cast<T*>(out);
+  const int64_t n = n0 * n1, grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
+  const int team = (int)std::max<int64_t>(1, std::min<int64_t>(threads, (n + grain - 1) / grain));
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t a = r / n1, b = r % n1;
+    norm_row<T>(xp + a * s0 + b * s1, wp, op + r * d, d, eps);
+  }
 }
 
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16,
-              "rms_norm: float32 or bfloat16 only");
-  TORCH_CHECK(weight.scalar_type() == dtype, "rms_norm: weight must have x's dtype");
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "rms_norm: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rms_norm: x must be [N, D] or [N0, N1, D]");
-  const int64_t d = x.size(-1);
-  TORCH_CHECK(x.stride(-1) == 1, "rms_norm: the last dimension must have unit stride");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous(),
-              "rms_norm: weight must be a contiguous [D] vector");
-  auto out = torch::empty(x.sizes(), x.options());
-  if (dtype == torch::kFloat)
-    norm_rows<float>(x, weight, out, static_cast<float>(eps));
+// x: n0 x n1 rows of d elements (row (a, b) at element a * s0 + b * s1), bf16: 0 float32,
+// 1 bfloat16; weight: [d]; out: [n0 * n1, d] contiguous.
+extern "C" void vllm_rms_norm(const void* x, const void* weight, void* out, int64_t n0,
+                              int64_t n1, int64_t s0, int64_t s1, int64_t d, float eps,
+                              int bf16, int threads) {
+  if (bf16)
+    norm_rows<BF16>(x, weight, out, n0, n1, s0, s1, d, eps, threads);
   else
-    norm_rows<c10::BFloat16>(x, weight, out, static_cast<float>(eps));
-  return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension (float32 / bfloat16)");
+    norm_rows<float>(x, weight, out, n0, n1, s0, s1, d, eps, threads);
 }

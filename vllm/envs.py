@@ -45,11 +45,14 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_LOGGING_LEVEL": EnvVar("INFO", lambda v: v.strip().upper() or "INFO",
                                  "Level of the `vllm` logger."),
     # ----- CPU platform ----------------------------------------------------------------
-    "VLLM_CPU_KERNELS": EnvVar("1", _flag, "0: never build or use the C++ kernels in csrc/."),
+    "VLLM_CPU_KERNELS": EnvVar("1", _flag, "0: never use the C++ kernels in csrc/."),
+    "VLLM_CPU_KERNELS_JIT": EnvVar("0", _flag, "1 (developers): where the C++ kernels were "
+                                   "not built at install, build them with CMake on first use."),
     "VLLM_CPU_ONEDNN_LINEAR": EnvVar("1", _flag, "0: CPU projections use F.linear, not oneDNN."),
     "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
                                      "arenas alone."),
-    "XDG_CACHE_HOME": EnvVar(None, _str, "Where C++ kernels are built (default ~/.cache)."),
+    "XDG_CACHE_HOME": EnvVar(None, _str, "Where VLLM_CPU_KERNELS_JIT builds the C++ kernels "
+                           "(default ~/.cache)."),
     # ----- read before torch loads (set by vllm.platforms where unset) --------------------
     "THP_MEM_ALLOC_ENABLE": EnvVar(None, _str, "torch: 1 = huge-page-aligned CPU buffers "
                                    "(vllm sets 1 where unset; 0 turns it off)."),

@@ -39,6 +39,8 @@ class CpuPlatform(Platform):
         return torch.float32  # bfloat16/float16 GEMMs are slower than float32 on most CPUs
 
     def _prepare(self, dtype: torch.dtype) -> None:
+        from vllm.model_executor.layers.cpu_kernels import library
+        library()  # logged once: loaded, or one WARNING (the torch paths, how to rebuild)
         cpu_malloc.tune_malloc()
         if cpu_malloc.huge_page_buffers():
             logger.info("CPU allocator: buffers of 2 MiB and more page-aligned on transparent "

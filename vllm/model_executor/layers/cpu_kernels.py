@@ -1,23 +1,24 @@
-"""C++ CPU kernels from `csrc/`, built on first use with torch's extension tooling.
+"""The C++ CPU kernels from `csrc/`: one shared library built at install, loaded with ctypes.
 
-`pip install` compiles nothing: the first engine that wants a kernel builds it with the
-system C++ compiler for the CPU it runs on (`-O3 -march=native`) into
-`$XDG_CACHE_HOME/vllm/cpu_kernels/<name>_<hash of the CPU's flags>` (default ~/.cache), which
-later processes reuse; the hash keeps a shared home directory from handing one CPU a binary
-built for another. Builds are serialised by an OS file lock, which dies with its process:
-torch's own lock file, which a build killed mid-way leaves behind and on which every later
-start would wait forever, is cleared under it. Where a kernel cannot be had (no AVX-512, no
-compiler, a source-less install, `VLLM_CPU_KERNELS=0`) callers use PyTorch, and
-`kernel_status()` says why.
+`pip install` runs CMake (setup.py, CMakeLists.txt) and puts `libvllm_cpu_kernels.so` in
+`vllm/_kernels/`, built for the installing CPU (AVX-512 or AVX2 attention; RMSNorm on any
+CPU). The library has a plain C interface on raw pointers, so the build needs no torch;
+it is loaded after torch, so its OpenMP is the libgomp torch already loaded, and each call
+passes torch's thread count. Where the library is missing (no compiler at install), fails
+to load, or was built for instructions this CPU lacks, the engine logs one WARNING and uses
+its torch paths; `kernel_status()` says why. `VLLM_CPU_KERNELS_JIT=1` (developers: a
+source checkout on PYTHONPATH) builds a missing library with CMake on first use instead,
+into `$XDG_CACHE_HOME/vllm/cpu_kernels/<hash of the CPU's flags>`, under an OS file lock.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import functools
 import hashlib
 import os
 import pathlib
-import time
+import subprocess
 from typing import Callable, Optional
 
 import torch
@@ -27,8 +28,14 @@ from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-CSRC = pathlib.Path(__file__).resolve().parents[3] / "csrc"
+LIB_NAME = "libvllm_cpu_kernels.so"
+PACKAGED = pathlib.Path(__file__).resolve().parents[2] / "_kernels" / LIB_NAME
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # a source checkout's root
+REBUILD = ('reinstall with CMake, a C++ compiler and OpenMP (`pip install -e .`), or set '
+           'VLLM_CPU_KERNELS_JIT=1 to build them on first use')
+ISA_FLAGS = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma"}, "none": set()}
 _status: dict[str, str] = {}
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
 def cpu_flags() -> set[str]:
@@ -42,63 +49,107 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def build_dir(name: str) -> pathlib.Path:
-    """Where kernel `name` is built for this CPU."""
+def build_dir() -> pathlib.Path:
+    """Where VLLM_CPU_KERNELS_JIT builds the library for this CPU."""
     tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
     cache = envs.XDG_CACHE_HOME or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(cache) / "vllm" / "cpu_kernels" / f"{name}_{tag}"
+    return pathlib.Path(cache) / "vllm" / "cpu_kernels" / tag
 
 
-def _build(name: str, source: pathlib.Path):
-    """Build (or load) one extension module under an OS lock; clear a stale torch lock."""
-    from torch.utils.cpp_extension import load
-    where = build_dir(name)
+def jit_build() -> pathlib.Path:
+    """Configure and build CMakeLists.txt under an OS lock (released if this process dies);
+    CMake rebuilds only what changed. Raises where it fails."""
+    where = build_dir()
     where.mkdir(parents=True, exist_ok=True)
     with open(where / "vllm-build.lock", "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # released by the OS if this process dies
-        (where / "lock").unlink(missing_ok=True)  # torch's, left by a killed build
-        return load(name=f"vllm_{where.name}", sources=[str(source)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                    build_directory=str(where), verbose=False)
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        for cmd in (["cmake", "-S", str(ROOT), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release"],
+                    ["cmake", "--build", str(where)]):
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode:
+                raise RuntimeError((run.stderr or run.stdout).strip().splitlines()[-1][:200])
+    return where / LIB_NAME
 
 
-def _unavailable(name: str, reason: str) -> None:
-    _status[name] = f"unavailable ({reason})"
-    return None
+def _find() -> tuple[Optional[pathlib.Path], str]:
+    """The library to load, or None and why."""
+    if PACKAGED.exists():
+        return PACKAGED, ""
+    if not envs.VLLM_CPU_KERNELS_JIT:
+        return None, f"not built at install ({PACKAGED} is missing)"
+    if not (ROOT / "CMakeLists.txt").exists():
+        return None, "VLLM_CPU_KERNELS_JIT=1 needs a source checkout"
+    try:
+        return jit_build(), ""
+    except (OSError, RuntimeError) as exc:
+        return None, f"VLLM_CPU_KERNELS_JIT build failed: {exc}"
 
 
 @functools.lru_cache(maxsize=None)
-def _module(name: str, needs_avx512: bool):
-    """The built extension module for csrc/<name>.cpp, or None (and why, in the status)."""
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded kernel library, or None (logged once, with how to get it)."""
     if not envs.VLLM_CPU_KERNELS:
-        return _unavailable(name, "VLLM_CPU_KERNELS=0")
-    if needs_avx512 and "avx512f" not in cpu_flags():
-        return _unavailable(name, "the CPU has no AVX-512")
-    source = CSRC / f"{name}.cpp"
-    if not source.exists():
-        return _unavailable(name, f"{source} is not there (not a source checkout)")
-    start = time.perf_counter()
-    try:
-        module = _build(name, source)
-    except Exception as exc:  # no compiler, no ninja, a compile error: fall back
-        return _unavailable(name, f"build failed: {str(exc).splitlines()[0][:200]}")
-    _status[name] = f"ready ({time.perf_counter() - start:.1f} s to build or load)"
-    return module
+        _status["library"] = "unavailable (VLLM_CPU_KERNELS=0)"
+        return None
+    path, why = _find()
+    lib = None
+    if path is not None:
+        try:
+            lib = _bind(ctypes.CDLL(str(path)))
+            isa = lib.vllm_kernels_isa().decode()
+            missing = sorted(ISA_FLAGS.get(isa, {isa}) - cpu_flags())
+            if missing:
+                lib, why = None, f"{path} was built for {isa}; this CPU lacks {missing[0]}"
+        except (OSError, AttributeError) as exc:
+            lib, why = None, f"{path} does not load: {exc}"
+    if lib is None:
+        _status["library"] = f"unavailable ({why})"
+        logger.warning("C++ CPU kernels not built (%s): attention and RMSNorm use the torch "
+                       "paths; to rebuild, %s.", why, REBUILD)
+        return None
+    _status["library"] = f"ready ({isa}, {path})"
+    logger.info("C++ CPU kernels: %s (%s)", path, isa)
+    return lib
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.vllm_kernels_isa.restype = ctypes.c_char_p
+    lib.vllm_varlen_attention.restype = ctypes.c_int
+    lib.vllm_varlen_attention.argtypes = (
+        [_PTR, _I64, _I64] * 3 + [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64,
+                                  _PTR, _I64, ctypes.c_float, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_char_p, _I64])
+    lib.vllm_rms_norm.restype = None
+    lib.vllm_rms_norm.argtypes = [_PTR, _PTR, _PTR] + [_I64] * 5 + [ctypes.c_float,
+                                                                     ctypes.c_int, ctypes.c_int]
+    return lib
 
 
 def varlen_attention_kernel() -> Optional[Callable]:
     """`f(q, k, v, q_offsets, k_offsets, key_rows, tile_ids, scale, causal) -> out`
     (float32 [T, H, D]; empty key_rows / tile_ids: keys are rows of k in order; see
-    csrc/varlen_attention.cpp), or None where it cannot be built."""
-    module = _module("varlen_attention", True)
-    return None if module is None else module.varlen_attention
+    csrc/varlen_attention.cpp), or None where the library or a SIMD build is missing."""
+    lib = library()
+    if lib is None:
+        _status["varlen_attention"] = _status["library"]
+        return None
+    if lib.vllm_kernels_isa() == b"none":
+        _status["varlen_attention"] = "unavailable (built without AVX2 or AVX-512)"
+        return None
+    _status["varlen_attention"] = _status["library"]
+    from vllm.model_executor.layers.cpu_kernel_calls import varlen_attention
+    return functools.partial(varlen_attention, lib)
 
 
 def rms_norm_kernel() -> Optional[Callable]:
     """`f(x, weight, eps) -> out`: RMSNorm of float32 / bfloat16 [N, D] or [N0, N1, D] rows
-    in one pass (csrc/rms_norm.cpp), or None where it cannot be built."""
-    module = _module("rms_norm", False)
-    return None if module is None else module.rms_norm
+    in one pass (csrc/rms_norm.cpp), or None where the library is missing."""
+    lib = library()
+    _status["rms_norm"] = _status["library"]
+    if lib is None:
+        return None
+    from vllm.model_executor.layers.cpu_kernel_calls import rms_norm
+    return functools.partial(rms_norm, lib)
 
 
 def kernel_status(name: str) -> str:

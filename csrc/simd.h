@@ -1,0 +1,115 @@
+// The float vector the attention kernel is written in, chosen at compile time:
+// 16 lanes on AVX-512, 8 on AVX2 + FMA. VLLM_SIMD_WIDTH is 0 where neither is enabled
+// (the attention kernel is then not compiled; RMSNorm is plain C++ and always is).
+#pragma once
+
+#include <immintrin.h>
+
+#include <limits>
+
+#if defined(__AVX512F__)
+#define VLLM_SIMD_WIDTH 16
+#define VLLM_SIMD_NAME "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VLLM_SIMD_WIDTH 8
+#define VLLM_SIMD_NAME "avx2"
+#else
+#define VLLM_SIMD_WIDTH 0
+#define VLLM_SIMD_NAME "none"
+#endif
+
+namespace simd {
+
+#if VLLM_SIMD_WIDTH == 16
+constexpr int W = 16;
+using vf = __m512;
+inline vf load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf set1(float x) { return _mm512_set1_ps(x); }
+inline vf zero() { return _mm512_setzero_ps(); }
+inline vf fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+inline vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float reduce_max(vf v) { return _mm512_reduce_max_ps(v); }
+inline float reduce_add(vf v) { return _mm512_reduce_add_ps(v); }
+inline vf round(vf v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline vf pow2n(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+inline __mmask16 first(int n) {
+  return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+// The first n lanes of p, `fill` in the others.
+inline vf load_first(const float* p, int n, float fill) {
+  return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), first(n), p);
+}
+// v in the first n lanes, 0 in the others.
+inline vf keep_first(vf v, int n) { return _mm512_maskz_mov_ps(first(n), v); }
+#elif VLLM_SIMD_WIDTH == 8
+constexpr int W = 8;
+using vf = __m256;
+inline vf load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf set1(float x) { return _mm256_set1_ps(x); }
+inline vf zero() { return _mm256_setzero_ps(); }
+inline vf fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf fnmadd(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vf add(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf max(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float reduce_max(vf v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline float reduce_add(vf v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline vf round(vf v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf pow2n(vf p, vf n) {  // p * 2^n for integral n in [-126, 127]
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                       _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline vf lanes_below(int n) {  // all-ones in lanes < n
+  return _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)n),
+                       _CMP_LT_OQ);
+}
+inline vf load_first(const float* p, int n, float fill) {
+  if (n >= 8) return load(p);
+  if (n <= 0) return set1(fill);
+  const vf m = lanes_below(n);
+  return _mm256_blendv_ps(set1(fill), _mm256_maskload_ps(p, _mm256_castps_si256(m)), m);
+}
+inline vf keep_first(vf v, int n) {
+  return n >= 8 ? v : n <= 0 ? zero() : _mm256_and_ps(v, lanes_below(n));
+}
+#endif
+
+#if VLLM_SIMD_WIDTH
+// e^x = 2^n * e^r, n = round(x / ln2), |r| <= ln2 / 2; degree-6 Taylor for e^r. For x <= 0.
+inline vf exp(vf x) {
+  x = max(x, set1(-87.0f));
+  const vf n = round(mul(x, set1(1.44269504088896341f)));
+  vf r = fnmadd(n, set1(0.693359375f), x);
+  r = fnmadd(n, set1(-2.12194440e-4f), r);
+  vf p = set1(1.0f / 720);
+  p = fmadd(p, r, set1(1.0f / 120));
+  p = fmadd(p, r, set1(1.0f / 24));
+  p = fmadd(p, r, set1(1.0f / 6));
+  p = fmadd(p, r, set1(0.5f));
+  p = fmadd(p, r, set1(1.0f));
+  p = fmadd(p, r, set1(1.0f));
+  return pow2n(p, n);
+}
+#endif
+
+}  // namespace simd

@@ -1,0 +1,74 @@
+"""Tensor-level calls into the C++ kernel library (ctypes, raw data pointers).
+
+The library takes pointers, sizes and strides; these wrappers check what it cannot
+(dtypes, ranks, unit strides, devices), allocate the output, pass torch's thread count,
+and raise RuntimeError with the library's message where it refuses its input. ctypes
+releases the GIL for the call.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_NO_INDEX = torch.empty(0, dtype=torch.long)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise RuntimeError(message)
+
+
+def _index(t: torch.Tensor, name: str) -> tuple[int, int]:
+    """(data pointer or 0, length) of an optional int64 index."""
+    if t.numel() == 0:
+        return 0, 0
+    _check(t.dtype == torch.long and t.is_contiguous(), f"{name} must be a contiguous int64 "
+           "tensor")
+    return t.data_ptr(), t.numel()
+
+
+def varlen_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     q_offsets: torch.Tensor, k_offsets: torch.Tensor, key_rows: torch.Tensor,
+                     tile_ids: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """Attention over packed sequences (csrc/varlen_attention.cpp): out [Tq, Hq, D]."""
+    _check(all(x.dtype == torch.float32 for x in (q, k, v)), "varlen_attention: float32 only")
+    _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [T, H, D]")
+    _check(all(x.device.type == "cpu" for x in (q, k, v)), "varlen_attention: CPU tensors only")
+    _check(q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1,
+           "q, k, v need unit stride in D")
+    _check(k.shape[1:] == v.shape[1:] and k.shape[2] == q.shape[2],
+           "k and v must be [T, Hkv, D] with q's D")
+    qo, ko = (x.to(torch.long).contiguous() for x in (q_offsets, k_offsets))
+    _check(qo.numel() == ko.numel() and qo.numel() > 0, "q_offsets and k_offsets differ in "
+           "length")
+    (rows, n_rows), (tiles, n_tiles) = _index(key_rows, "key_rows"), _index(tile_ids, "tile_ids")
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    out = torch.empty((q.shape[0], hq, d), dtype=torch.float32)
+    err = ctypes.create_string_buffer(200)
+    if lib.vllm_varlen_attention(
+            q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
+            v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), hq, hkv, d,
+            qo.data_ptr(), ko.data_ptr(), qo.numel() - 1, rows, n_rows, tiles, n_tiles,
+            scale, int(causal), torch.get_num_threads(), err, len(err)):
+        raise RuntimeError(err.value.decode())
+    return out
+
+
+def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor,
+             eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, one pass per row (csrc/rms_norm.cpp)."""
+    _check(x.dtype in (torch.float32, torch.bfloat16), "rms_norm: float32 or bfloat16 only")
+    _check(weight.dtype == x.dtype, "rms_norm: weight must have x's dtype")
+    _check(x.device.type == "cpu" and weight.device.type == "cpu", "rms_norm: CPU tensors only")
+    _check(x.dim() in (2, 3), "rms_norm: x must be [N, D] or [N0, N1, D]")
+    d = x.shape[-1]
+    _check(x.stride(-1) == 1, "rms_norm: the last dimension must have unit stride")
+    _check(weight.dim() == 1 and weight.shape[0] == d and weight.is_contiguous(),
+           "rms_norm: weight must be a contiguous [D] vector")
+    out = torch.empty(x.shape, dtype=x.dtype)
+    n1, s1 = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
+    lib.vllm_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], n1,
+                      x.stride(0), s1, d, eps, int(x.dtype == torch.bfloat16),
+                      torch.get_num_threads())
+    return out
