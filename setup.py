@@ -39,32 +39,26 @@ def build_kernels(dest: pathlib.Path) -> str:
 
 
 class CMakeKernels(build_ext):
-    """Builds the one CMake target; never fails the install."""
+    """Builds the one CMake target instead of setuptools' extensions; never fails the
+    install. In place (an editable install imports from the source tree) the library goes
+    to vllm/_kernels/ of the checkout, else to the build folder that becomes the wheel."""
 
-    def build_extension(self, ext: Extension) -> None:
-        dest = pathlib.Path(self.get_ext_fullpath(ext.name)).parent
-        targets = [dest]
-        if self.inplace or getattr(self, "editable_mode", False):
-            targets.append(ROOT / "vllm" / "_kernels")  # an editable install imports here
-        for where in targets:
-            why = build_kernels(where) if where == dest else _copy(dest, where)
-            if why:
-                print(f"WARNING: vllm's C++ CPU kernels were not built ({why}); the engine "
-                      "will use its torch paths.", file=sys.stderr)
-                return
+    def run(self) -> None:
+        where = ROOT if self.inplace else pathlib.Path(self.build_lib)
+        why = build_kernels(where / "vllm" / "_kernels")
+        if why:
+            print(f"WARNING: vllm's C++ CPU kernels were not built ({why}); the engine "
+                  "will use its torch paths.", file=sys.stderr)
+
+    def copy_extensions_to_source(self) -> None:
+        pass  # run() already built in place
 
     def get_outputs(self) -> list:
-        return [str(pathlib.Path(self.get_ext_fullpath(e.name)).parent / LIB)
-                for e in self.extensions]
+        lib = pathlib.Path(self.build_lib) / "vllm" / "_kernels" / LIB
+        return [str(lib)] if not self.inplace and lib.exists() else []
 
-
-def _copy(src: pathlib.Path, dest: pathlib.Path) -> str:
-    if not (src / LIB).exists():
-        return "the build left no library"
-    if src.resolve() != dest.resolve():
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / LIB, dest / LIB)
-    return ""
+    def get_output_mapping(self) -> dict:
+        return {}
 
 
 setup(ext_modules=[Extension("vllm._kernels.vllm_cpu_kernels", sources=[])],
