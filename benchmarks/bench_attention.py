@@ -1,5 +1,7 @@
 """Attention alone: the engine's C++ packed-sequence kernel vs torch SDPA, float32.
 
+The kernel is the one the install built for this CPU (AVX-512 or AVX2; printed).
+
 Three shapes, 64 sequences each (fixed seed): MiniLM (12 heads of 32, bidirectional,
 10-230 tokens), the 40M causal classifier (8 query / 4 key-value heads of 64, 16-512
 tokens), a Qwen-like head_dim 128 (16 / 8 heads, causal, 16-512); plus the cache-reader
@@ -101,6 +103,9 @@ def main() -> None:
         lambda: kernel(q, cache_k, cache_v, qo, ko, rows, torch.tensor(ids), d ** -0.5, True),
         lambda: sdpa_loop(q, cache_k, cache_v, [40] * 63, [440] * 63, True, rows))
 
+    from vllm.model_executor.layers.cpu_kernels import library
+    isa = library().vllm_kernels_isa().decode()
+    print(f"kernel built for {isa}; {torch.get_num_threads()} threads")
     results = {}
     print(f"{'case':<16} {'kernel ms':>10} {'SDPA ms':>9} {'kernel GFLOP/s':>15} "
           f"{'SDPA GFLOP/s':>13} {'speed-up':>9} {'max |diff|':>11}")
@@ -115,7 +120,7 @@ def main() -> None:
         print(f"{name:<16} {r['kernel_ms']:>10.1f} {r['sdpa_ms']:>9.1f} "
               f"{r['kernel_gflops']:>15.0f} {r['sdpa_gflops']:>13.0f} {r['speedup']:>8.2f}x "
               f"{diff:>11.1e}")
-    write_json("bench_attention", {"repeats": args.repeats, "shapes": SHAPES,
+    write_json("bench_attention", {"repeats": args.repeats, "isa": isa, "shapes": SHAPES,
                                    "results": results})
 
 

@@ -1,10 +1,11 @@
-"""The CPU platform: float32 by default, a fixed KV budget, C++ kernels where they build.
+"""The CPU platform: float32 by default, a fixed KV budget, C++ kernels where installed.
 
 Process settings (`cpu_malloc`): glibc keeps large buffers in the heap; the server shares
 one heap across threads and tokenizes on one thread. torch's huge-page buffers were asked
 for before torch loaded (`process`); this logs whether they are on. Projections run on
 oneDNN with fused epilogues where it passes its self-check (`layers.linear`), RMSNorm and
-attention on the C++ kernels in csrc/ where they build (`layers.cpu_kernels`).
+attention on the C++ kernels in csrc/, built at install (`layers.cpu_kernels`; where they
+were not, one WARNING at start-up and the torch paths).
 
 Serving: on cores shared with the model, tokenizing on another thread while a step runs
 stalls the step's OpenMP threads each time it preempts one (+6% requests/s at 32 clients

@@ -76,7 +76,7 @@ def _find() -> tuple[Optional[pathlib.Path], str]:
     if PACKAGED.exists():
         return PACKAGED, ""
     if not envs.VLLM_CPU_KERNELS_JIT:
-        return None, f"not built at install ({PACKAGED} is missing)"
+        return None, f"not built at install: no {PACKAGED}"
     if not (ROOT / "CMakeLists.txt").exists():
         return None, "VLLM_CPU_KERNELS_JIT=1 needs a source checkout"
     try:
@@ -104,8 +104,8 @@ def library() -> Optional[ctypes.CDLL]:
             lib, why = None, f"{path} does not load: {exc}"
     if lib is None:
         _status["library"] = f"unavailable ({why})"
-        logger.warning("C++ CPU kernels not built (%s): attention and RMSNorm use the torch "
-                       "paths; to rebuild, %s.", why, REBUILD)
+        logger.warning("C++ CPU kernels unavailable (%s): attention and RMSNorm use the "
+                       "torch paths; to rebuild, %s.", why, REBUILD)
         return None
     _status["library"] = f"ready ({isa}, {path})"
     logger.info("C++ CPU kernels: %s (%s)", path, isa)
