@@ -34,7 +34,8 @@ def build_kernels(dest: pathlib.Path) -> str:
                 tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
                 return f"`{' '.join(cmd[:2])}` failed: {' | '.join(tail)}"
         dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(pathlib.Path(tmp) / LIB, dest / LIB)
+        shutil.copy2(pathlib.Path(tmp) / LIB, dest / (LIB + ".new"))
+        os.replace(dest / (LIB + ".new"), dest / LIB)  # a running engine keeps its copy
     return ""
 
 
