@@ -152,5 +152,11 @@ def rms_norm_kernel() -> Optional[Callable]:
     return functools.partial(rms_norm, lib)
 
 
+def kernel_isa() -> Optional[str]:
+    """What the loaded library was built for ("avx512", "avx2", "none"), or None."""
+    lib = library()
+    return None if lib is None else lib.vllm_kernels_isa().decode()
+
+
 def kernel_status(name: str) -> str:
     return _status.get(name, "not requested")
