@@ -31,17 +31,19 @@ TARGET_S = 8.0
 
 def one_run(extra: tuple[str, ...] = ()) -> dict:
     """Seconds to the first embedding line and to exit; stderr kept for -X importtime."""
-    with tempfile.TemporaryDirectory(prefix="vllm-cold-") as cache:
+    with tempfile.TemporaryDirectory(prefix="vllm-cold-") as cache, \
+            tempfile.TemporaryFile("w+") as stderr:  # a pipe could fill and stall the child
         env = {**os.environ, "XDG_CACHE_HOME": cache, "PYTHONUNBUFFERED": "1"}
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, *extra, str(EXAMPLE)], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=stderr)
         first = None
         for line in proc.stdout:
             if first is None and "-dim embedding" in line:
                 first = time.perf_counter() - start
-        err = proc.stderr.read()
         _, status, usage = os.wait4(proc.pid, 0)
+        stderr.seek(0)
+        err = stderr.read()
         total = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode or first is None:
@@ -56,8 +58,8 @@ def slowest_imports(stderr: str, top: int = 15) -> list[tuple[str, float]]:
     for line in stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
             continue
-        _, cumulative, name = (p.strip() for p in line[len("import time:"):].split("|"))
-        if not name.startswith(" "):  # nesting is shown by indentation; keep the top level
+        _, cumulative, name = line[len("import time:"):].split("|")
+        if len(name) - len(name.lstrip()) <= 3:  # " " + 2 per nesting level: top level
             rows.append((name.strip(), int(cumulative) / 1e6))
     return sorted(rows, key=lambda r: -r[1])[:top]
 
