@@ -5,7 +5,8 @@ request at a time with an explicit mask, device-neutral, whatever the bound back
 layers still never look ahead); `softcap`: scores -> cap * tanh(scores / cap) before the
 softmax. A layer with either takes this path unless the window cannot cut any key of the
 step's requests and there is no softcap (`needs_mask`); cache readers take their keys from
-the cache slots.
+the cache slots. Without a softcap, the requests that read no cache run as padded batches
+(`window_groups`), one SDPA call per group instead of one per request.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from vllm.attention.backends.window_groups import WindowLayout, window_attention
 from vllm.model_executor.attention_metadata import AttentionMetadata, token_slots
 
 
@@ -30,9 +32,17 @@ def needs_mask(layer: Any, meta: AttentionMetadata) -> bool:
 
 def masked_attention(layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      meta: AttentionMetadata) -> torch.Tensor:
-    """q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq, D], one request at a time."""
+    """q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq, D]: cache readers and softcapped layers
+    one request at a time, the other requests in padded groups."""
+    grouped = layer.softcap is None
     out = q.new_empty(q.shape)
-    for i in range(meta.num_reqs):
+    if grouped:
+        groups = meta.prepared(WindowLayout(layer.window))
+        if meta.num_readers == 0 and len(groups) == 1:
+            return window_attention(layer, q, k, v, groups[0])
+        for g in groups:
+            out[g.start:g.end] = window_attention(layer, q, k, v, g)
+    for i in range(meta.num_readers if grouped else meta.num_reqs):
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         done = meta.num_computed[i]
         if done > 0:

@@ -100,9 +100,9 @@ class TorchGemm:
         return F.linear(x, w, b) * other
 
     @staticmethod
-    def gated(x, w: Weight) -> torch.Tensor:
+    def gated(x, w: Weight, activation: str = "silu") -> torch.Tensor:
         gate, up = F.linear(x, w).chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return _ACTIVATIONS[activation][2](gate) * up
 
     @staticmethod
     def pack(w: torch.Tensor) -> Optional[torch.Tensor]:
@@ -127,12 +127,12 @@ class OneDnnGemm:
         return _onednn_binary(x.contiguous(), other.contiguous(), w, b, "mul")
 
     @staticmethod
-    def gated(x, w: Weight) -> torch.Tensor:
-        """silu(x @ gate.T) * (x @ up.T) as two GEMMs whose epilogues apply the silu and
-        the multiply (`w`: the fused [gate; up] weight, or its packed halves)."""
+    def gated(x, w: Weight, activation: str = "silu") -> torch.Tensor:
+        """act(x @ gate.T) * (x @ up.T) as two GEMMs whose epilogues apply the activation
+        and the multiply (`w`: the fused [gate; up] weight, or its packed halves)."""
         gate, up = w if isinstance(w, tuple) else w.chunk(2, dim=0)
         x = x.contiguous()
-        return _onednn_binary(x, _onednn(x, gate, None, "silu"), up, None, "mul")
+        return _onednn_binary(x, _onednn(x, gate, None, activation), up, None, "mul")
 
     pack = staticmethod(lambda w: pack_weight(w))
 
@@ -207,13 +207,16 @@ class Linear(nn.Linear):
 
 class GatedLinear(Linear):
     """The fused [gate; up] projection of a gated MLP, without bias:
-    forward(x) = silu(x @ gate.T) * (x @ up.T)."""
+    forward(x) = act(x @ gate.T) * (x @ up.T), act silu (SwiGLU) unless told otherwise
+    (ModernBERT's GeGLU: gelu)."""
 
-    def __init__(self, in_features: int, intermediate_size: int) -> None:
+    def __init__(self, in_features: int, intermediate_size: int,
+                 activation: str = "silu") -> None:
         super().__init__(in_features, 2 * intermediate_size, bias=False)
+        self.gate_activation = check_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm.gated(x, self._gemm_weight())
+        return self.gemm.gated(x, self._gemm_weight(), self.gate_activation)
 
     def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
         gate, up = weight.chunk(2, dim=0)

@@ -15,13 +15,16 @@ from torch import nn
 
 from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import Linear
+from vllm.model_executor.layers.linear import GatedLinear, Linear
 from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, interleave_halves
 from vllm.model_executor.weight_utils import copy_param
 
 _ACTS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
          "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
          "silu": F.silu}
+# hidden_activation -> the name `GatedLinear` fuses (layers/linear.py's activations)
+_GATED_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu", "silu": "silu"}
 
 
 def _act(name: str):
@@ -87,15 +90,21 @@ class ModernBertAttention(nn.Module):
 
 
 class ModernBertMLP(nn.Module):
+    """GeGLU: Wo(act(x Wi_in) * (x Wi_gate)). Without bias, Wi is a `GatedLinear` whose
+    GEMMs apply the activation and the product in their epilogues (no separate passes)."""
+
     def __init__(self, config) -> None:
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
         bias = getattr(config, "mlp_bias", False)
-        self.Wi = Linear(h, 2 * i, bias=bias)
+        act = _GATED_ACTS.get(config.hidden_activation)
+        self.Wi = GatedLinear(h, i, act) if act and not bias else Linear(h, 2 * i, bias=bias)
         self.Wo = Linear(i, h, bias=bias)
         self.act = _act(config.hidden_activation)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.Wi, GatedLinear):
+            return self.Wo.forward_add(self.Wi(x), residual)
         inp, gate = self.Wi(x).chunk(2, dim=-1)
         return self.Wo.forward_add(self.act(inp) * gate, residual)
 
