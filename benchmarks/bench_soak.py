@@ -5,9 +5,15 @@ requests (1-4 fresh texts of 8-200 words each; every round new texts) from CLIEN
 concurrent clients, and reads the server's resident memory (VmRSS) after each round.
 Target: RSS after the last round within 10% of RSS after round 3.
 
-    python benchmarks/bench_soak.py [--rounds 20] [--requests 1280] [--clients 64]
+`--large N...` instead sends one request of N short texts for each N (after a warm-up),
+streams the answer to nowhere, and samples the server's VmRSS every 20 ms: the peak rise
+over the idle RSS, against the answer's size, says whether a huge request is processed in
+bounded memory (issue 17 item 4).
 
-Writes results/bench_soak.json (the whole curve).
+    python benchmarks/bench_soak.py [--rounds 20] [--requests 1280] [--clients 64]
+    python benchmarks/bench_soak.py --large 1000 10000
+
+Writes results/bench_soak.json (the whole curve) or results/bench_soak_large.json.
 """
 from __future__ import annotations
 
@@ -57,12 +63,58 @@ async def run_round(url: str, bodies: list[list[str]], clients: int) -> float:
         await post.close()
 
 
+def large_request(url: str, pid: int, n: int) -> dict:
+    """One /v1/embeddings request of `n` short texts; the answer's bytes and the peak RSS
+    rise over the RSS just before it."""
+    import threading
+    import httpx
+    base, peak, done = rss_mib(pid), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mib(pid))
+            time.sleep(0.02)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    size = 0
+    start = time.perf_counter()
+    body = {"input": [f"short text number {i} about item {i % 97}" for i in range(n)]}
+    with httpx.stream("POST", url + "/v1/embeddings", json=body, timeout=1800) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.read()[:200]!r}")
+        for chunk in r.iter_bytes():
+            size += len(chunk)
+    done.set()
+    sampler.join()
+    return {"inputs": n, "answer_mib": round(size / 2**20, 1), "rss_before_mib": round(base, 1),
+            "peak_rise_mib": round(peak[0] - base, 1),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def run_large(sizes: list[int]) -> None:
+    server = Server(minilm_dir(), access_log=False)
+    try:
+        server.wait_healthy()
+        large_request(server.url, server.proc.pid, 256)  # warm-up
+        rows = [large_request(server.url, server.proc.pid, n) for n in sizes]
+    finally:
+        server.stop()
+    for row in rows:
+        print(f"{row['inputs']:>6} inputs: answer {row['answer_mib']:6.1f} MiB, RSS "
+              f"{row['rss_before_mib']:.0f} MiB + peak {row['peak_rise_mib']:.1f} MiB, "
+              f"{row['seconds']:.1f} s")
+    write_json("bench_soak_large", {"machine": machine_info(), "rows": rows})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--requests", type=int, default=1280)
     ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--large", type=int, nargs="+", help="one request of N texts per N")
     args = ap.parse_args()
+    if args.large:
+        return run_large(args.large)
     server = Server(minilm_dir(), access_log=False)
     curve: list[dict] = []
     try:
