@@ -6,6 +6,7 @@ directory built under pytest's session temp directory, with a tokenizer beside i
 """
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import sys
@@ -105,3 +106,17 @@ def shared_llm():
 
     yield get
     cache.clear()
+
+
+@pytest.fixture
+def vllm_log(caplog):
+    """caplog wired to the `vllm` logger tree (which does not propagate to the root)."""
+    logger = logging.getLogger("vllm")
+    logger.addHandler(caplog.handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(old_level)

@@ -108,18 +108,6 @@ def test_kernel_reads_keys_through_slots_with_shared_tiles(kernel):
     assert (got.double() - torch.cat(ref)).abs().max().item() < 2e-5
 
 
-@pytest.fixture
-def vllm_log(caplog):
-    """caplog wired to the `vllm` logger tree (which does not propagate to the root)."""
-    logger = logging.getLogger("vllm")
-    logger.addHandler(caplog.handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(old_level)
 
 
 @pytest.fixture

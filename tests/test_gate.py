@@ -20,18 +20,6 @@ from vllm.config.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from vllm.engine.arg_utils import EngineArgs
 
 
-@pytest.fixture
-def vllm_log(caplog):
-    """caplog wired to the `vllm` logger tree (which does not propagate to the root)."""
-    logger = logging.getLogger("vllm")
-    logger.addHandler(caplog.handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(old_level)
 
 
 def _config(model_dir: str, **kwargs):
