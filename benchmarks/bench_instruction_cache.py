@@ -2,7 +2,8 @@
 
 Queries are embedded as `Instruct: <task>\\nQuery: <query>` (the instruction passed as the
 raw `prompt` prefix, 60 tokens with [CLS]) by a ~40M-parameter random Qwen3ForCausalLM
-(LAST pooling, causal: prefix caching on). Three runs of the same short queries:
+(LAST pooling, causal: prefix caching on). Three runs of short queries, fresh
+in every repeat (only the instruction may be a cache hit):
 - `plain`: the queries alone (no instruction);
 - `cached`: with the instruction, its blocks already cached (a serving steady state);
 - `uncached`: with the instruction, prefix caching off.
@@ -24,7 +25,7 @@ import tempfile
 import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from common import build_causal_classifier, interleave, median, write_json  # noqa: E402
+from common import build_causal_classifier, median, timed, write_json  # noqa: E402
 
 from vllm import LLM  # noqa: E402
 
@@ -56,16 +57,22 @@ def measure(model_dir: pathlib.Path, block: int, texts: list[str], repeats: int)
     on = LLM(str(model_dir), block_size=block, enable_prefix_caching=True)
     off = LLM(str(model_dir), block_size=block, enable_prefix_caching=False)
     prefix = instruction(on.get_tokenizer())
-    runs = {"plain": lambda: on.embed(texts, use_tqdm=False, prompt=""),
-            "cached": lambda: on.embed(texts, use_tqdm=False, prompt=prefix),
-            "uncached": lambda: off.embed(texts, use_tqdm=False, prompt=prefix)}
+    runs = {"plain": lambda qs: on.embed(qs, use_tqdm=False, prompt=""),
+            "cached": lambda qs: on.embed(qs, use_tqdm=False, prompt=prefix),
+            "uncached": lambda qs: off.embed(qs, use_tqdm=False, prompt=prefix)}
     for run in runs.values():  # warm-up; leaves the instruction's blocks cached
-        run()
-    a = runs["cached"]()
-    b = runs["uncached"]()
+        run(texts)
+    a = runs["cached"](texts)
+    b = runs["uncached"](texts)
     diff = max(abs(x - y) for p, q in zip(a, b)
                for x, y in zip(p.outputs.embedding, q.outputs.embedding))
-    times = interleave(runs, repeats)
+    # Each repeat embeds queries no run has seen, so only the instruction can be a cache
+    # hit (repeating the same queries would let every setting hit its own earlier run).
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(repeats):
+        fresh = queries(len(texts), seed=1 + r)
+        for name, run in runs.items():
+            times[name].append(timed(lambda: run(fresh)))
     rate = {name: len(texts) / median(t) for name, t in times.items()}
     tokens = {"instruction": len(on.get_tokenizer()(prefix)["input_ids"]) - 1,
               "mean_query": sum(len(o.prompt_token_ids) for o in a) / len(a)}

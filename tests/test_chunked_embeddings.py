@@ -2,7 +2,10 @@
 token-weighted mean of the chunks' embeddings, re-normalised, against hand-chunked calls."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import torch
 import pytest
 
 import model_factory as mf
@@ -68,3 +71,22 @@ def test_pooler_config_flag_and_bad_combination(bert_embed_dir):
     assert config.pooler_config.max_embed_len == 64
     with pytest.raises(ValueError, match="max_embed_len needs enable_chunked_processing"):
         LLM(model=bert_embed_dir, pooler_config={"max_embed_len": 64})
+
+
+def test_chunk_weights_leave_out_an_unpooled_prompt(bert_st_mean_dir, tmp_path):
+    """include_prompt false (MEAN, no Normalize): the result is the mean over every pooled
+    token, so the first chunk weighs its tokens after the prompt, not all of them."""
+    path = mf.copy_checkpoint(bert_st_mean_dir, tmp_path / "m")
+    conf = path / "1_Pooling" / "config.json"
+    conf.write_text(json.dumps({**json.loads(conf.read_text()), "include_prompt": False}))
+    llm = LLM(model=str(path), max_model_len=16, pooler_config=CHUNKED)
+    tok = mf.hf_tokenizer(path)
+    prompt, text = "passage: ", _long_text(path, 40)
+    ids = tok(prompt + text)["input_ids"]
+    skip = len(tok(prompt)["input_ids"]) - 1  # [CLS] and the prompt's tokens, no [SEP]
+    got = llm.embed([text], prompt=prompt, use_tqdm=False)[0]
+    assert got.prompt_token_ids == ids
+    chunks = [ids[i:i + 16] for i in range(0, len(ids), 16)]
+    rows = [mf.hf_hidden_states(path, c)[skip if i == 0 else 0:] for i, c in enumerate(chunks)]
+    ref = torch.cat(rows).mean(0).numpy()
+    np.testing.assert_allclose(got.outputs.embedding, ref, atol=1e-5)

@@ -5,7 +5,9 @@ request longer than max_model_len is split into chunks of at most max_model_len 
 Each chunk is an engine request of its own (they are queued together, so they share steps
 where the token budget allows) and is pooled with the request's parameters; the request's
 embedding is the token-weighted mean of its chunks' embeddings, re-normalised when the
-parameters normalise. The output carries every prompt token, so usage counts them all.
+parameters normalise. A chunk weighs the tokens it pools over: when the model leaves a
+sentence-transformers prompt out of pooling (`include_prompt: false`), the first chunk's
+prompt tokens do not count. The output carries every prompt token, so usage counts them all.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class _Parent:
     waiting: set[str]
     parts: dict[str, tuple[torch.Tensor, int]] = field(default_factory=dict)
     num_cached_tokens: int = 0
+    skip: int = 0  # leading tokens of the first chunk left out of pooling (its ST prompt)
 
 
 @dataclass
@@ -38,8 +41,9 @@ class Finished:
 
 
 class ChunkedInputs:
-    def __init__(self, max_model_len: int) -> None:
+    def __init__(self, max_model_len: int, pool_prompt: bool = True) -> None:
         self.max_len = max_model_len
+        self.pool_prompt = pool_prompt
         self._parents: dict[str, _Parent] = {}
 
     def split(self, request_id: str, prompt: TokenizedPrompt,
@@ -52,7 +56,9 @@ class ChunkedInputs:
             chunks.append((f"{request_id}{_SEP}{i}", TokenizedPrompt(
                 ids[start:end], types[start:end] if types else None, prompt.cache_salt,
                 prompt.prompt_len if i == 0 else None)))
-        self._parents[request_id] = _Parent(list(ids), normalize, {c for c, _ in chunks})
+        skip = 0 if self.pool_prompt else min(prompt.prompt_len or 0, self.max_len)
+        self._parents[request_id] = _Parent(list(ids), normalize, {c for c, _ in chunks},
+                                            skip=skip if skip < self.max_len else 0)
         return chunks
 
     def finish(self, chunk_id: str, data: torch.Tensor, num_tokens: int,
@@ -64,7 +70,8 @@ class ChunkedInputs:
         if parent is None:
             return Finished(chunk_id, data, [], num_cached)
         parent.waiting.discard(chunk_id)
-        parent.parts[chunk_id] = (data, num_tokens)
+        first = chunk_id.endswith(f"{_SEP}0")
+        parent.parts[chunk_id] = (data, num_tokens - (parent.skip if first else 0))
         parent.num_cached_tokens += num_cached
         if parent.waiting:
             return None

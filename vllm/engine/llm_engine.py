@@ -51,7 +51,7 @@ class LLMEngine:
         self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv)
         self._stats = EngineStats()
         self._dedup = Deduplicator()
-        self._chunks = ChunkedInputs(self.model_config.max_model_len)
+        self._chunks = ChunkedInputs(self.model_config.max_model_len, self.runner.pool_prompt)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
