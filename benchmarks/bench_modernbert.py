@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from common import interleave, make_texts, median, minilm_dir, write_json  # noqa: E402
+from bench_peak import measured_peak  # noqa: E402
+from common import (block_linear_params, interleave, make_texts, machine_info,  # noqa: E402
+                    median, minilm_dir, warn_if_over_peak, write_json)
 
 MAX_SEQ = 512
 
@@ -62,6 +64,20 @@ def build_model(path: pathlib.Path, seed: int) -> pathlib.Path:
     return path
 
 
+def modernbert_flops(lengths: list[int], linear_params: int, layers: int, width: int,
+                     every: int, window: int) -> float:
+    """FLOPs of one pass (common.FLOP_FORMULA, bidirectional), with each local layer's
+    attention counted over the query-key pairs its window (±window/2) lets in."""
+    half = window // 2
+    total = 0.0
+    for n in lengths:
+        local_pairs = sum(min(i + half, n - 1) - max(i - half, 0) + 1 for i in range(n))
+        n_global = len(range(0, layers, every))
+        pairs = n_global * n * n + (layers - n_global) * local_pairs
+        total += 2 * linear_params * n + 4 * width * pairs
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,21 +105,32 @@ def main() -> None:
         ours = np.array([o.outputs.embedding for o in runs[engine]()], dtype=np.float64)
         ref = np.asarray(runs[baseline](), dtype=np.float64)   # warm-up + equality check
         times = interleave(runs, args.repeats)
+        cfg = st[0].auto_model.config
+        flops = modernbert_flops(lengths, block_linear_params(st[0].auto_model.layers),
+                                 cfg.num_hidden_layers, cfg.hidden_size,
+                                 cfg.global_attn_every_n_layers, cfg.local_attention)
+    peak = measured_peak("float32")
     cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
     n_tok = sum(lengths)
     rows = {label: {"texts_per_s": len(texts) / median(t), "tokens_per_s": n_tok / median(t),
-                    "median_s": median(t)} for label, t in times.items()}
+                    "median_s": median(t), "model_gflops": flops / median(t) / 1e9,
+                    "mfu": flops / median(t) / 1e9 / peak} for label, t in times.items()}
     ratio = rows[engine]["texts_per_s"] / rows[baseline]["texts_per_s"]
     over_window = sum(n > 65 for n in lengths)
     print(f"{len(texts)} texts, {n_tok} tokens (mean {n_tok / len(texts):.0f}, max "
           f"{max(lengths)}; {over_window} longer than the local window reaches), "
           f"{args.repeats} interleaved repeats")
-    print(f"{'setting':<34} {'texts/s':>8} {'tokens/s':>9}")
+    print(f"CPU: {machine_info()['processor']}, peak float32 {peak:.1f} GFLOP/s; "
+          f"{flops / 1e12:.2f} TFLOP per pass")
+    print(f"{'setting':<34} {'texts/s':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'MFU':>6}")
     for label, r in rows.items():
-        print(f"{label:<34} {r['texts_per_s']:>8.2f} {r['tokens_per_s']:>9.0f}")
+        print(f"{label:<34} {r['texts_per_s']:>8.2f} {r['tokens_per_s']:>9.0f} "
+              f"{r['model_gflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
     print(f"ratio {ratio:.2f}x; max cosine deviation vs sentence-transformers "
           f"{1 - cos.min():.2e}")
-    write_json("bench_modernbert", {
+    warn_if_over_peak({k: r["mfu"] for k, r in rows.items()})
+    write_json("bench_modernbert", {"machine": machine_info(), "peak_gflops": peak,
+        "flops_per_pass": flops,
         "texts": len(texts), "words": [8, 200], "seed": args.seed, "tokens": n_tok,
         "max_tokens": max(lengths), "over_window": over_window, "dtype": "float32",
         "batch_size": args.batch_size, "repeats": args.repeats, "quick": args.quick,
