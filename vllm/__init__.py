@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from vllm.platforms.process import bound_shape_caches, prefer_huge_pages
+from vllm.transformers_utils import import_cache
 from vllm.version import __version__
 
 _EXPORTS = {
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 prefer_huge_pages()  # first: before anything loads torch
 bound_shape_caches()
+import_cache.install()  # before transformers loads: its import table is read once
 
 
 def __getattr__(name: str) -> Any:

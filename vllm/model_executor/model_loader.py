@@ -7,7 +7,8 @@ this device and dtype: the projections' GEMM (weights packed where it wants that
 RMSNorm kernel, and the attention backend."""
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
     dtype, bind the ops."""
     cls = load_model_class(mc.arch.base)
     names = {name for name, _ in _names_only(mc)}
-    with platform.device:
+    with platform.device, _no_random_init():
         backbone = cls(mc.hf_config)
         head = _build_head(mc, cls, names)
         dense = [DenseLayer(s) for s in mc.st_config.dense] \
@@ -67,6 +68,32 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
                 cls.__name__, type(head).__name__ if head is not None else "none",
                 str(mc.dtype).replace("torch.", ""), mc.device)
     return model
+
+
+# torch.nn.init's random fills, which the layers' constructors call.
+_RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+                 "xavier_uniform_", "xavier_normal_", "orthogonal_")
+
+
+@contextlib.contextmanager
+def _no_random_init() -> Iterator[None]:
+    """Construct layers without drawing their random initial values: the checkpoint
+    overwrites every parameter (`_load` and `DenseLayer.load` refuse a checkpoint that
+    misses one). On MiniLM the draws were ~0.3 CPU s of a cold start (issue 18). Constant
+    fills (ones, zeros) still run. Like transformers' `no_init_weights`, this swaps the
+    functions in `torch.nn.init` while the model is built."""
+    saved = {name: getattr(nn.init, name) for name in _RANDOM_INITS}
+    for name in _RANDOM_INITS:
+        setattr(nn.init, name, _keep)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _keep(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    return tensor
 
 
 def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype) -> None:
