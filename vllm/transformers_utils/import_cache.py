@@ -46,17 +46,17 @@ class _Finder(importlib.abc.MetaPathFinder):
         if name != MODULE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
-            return spec
+        if spec is None:
+            return None
+        sys.meta_path.remove(self)  # once; safe: a found spec ends the finders' loop
         loader = spec.loader
-        run = loader.exec_module
+        if isinstance(loader, importlib.machinery.SourceFileLoader):
+            run = loader.exec_module
 
-        def exec_module(module: ModuleType) -> None:
-            if self in sys.meta_path:  # once: later imports skip this finder
-                sys.meta_path.remove(self)
-            run(module)
-            unbound_cache(module)
-        loader.exec_module = exec_module  # this spec's own loader object
+            def exec_module(module: ModuleType) -> None:
+                run(module)
+                unbound_cache(module)
+            loader.exec_module = exec_module  # this spec's own loader object
         return spec
 
 
