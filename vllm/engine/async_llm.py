@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ logger = init_logger(__name__)
 
 # The prompt of the self-test run alone after a failed step (see `_engine_works`).
 SELF_TEST_TEXT = "hello"
+# A bounded backlog: the engine holds this many steps of waiting prompts; the rest wait as text.
+BACKLOG_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,16 @@ class AsyncLLM(TokenizerFront):
                  build: Optional[Callable[[], Any]] = None,
                  arrival_window: Optional[ArrivalWindow] = ArrivalWindow(),
                  tokenize_between_steps: bool = True,
-                 on_drained: Optional[Callable[[], None]] = None) -> None:
+                 on_drained: Optional[Callable[[], None]] = None,
+                 bounded_backlog: bool = False) -> None:
         """Serve `engine`, or the engine `build()` returns: `build` runs on the engine
         thread (which then starts at once) and its exception is raised here.
         `arrival_window=None` starts every step at once. `tokenize_between_steps=False`
         tokenizes texts on the tokenizer thread as they arrive, overlapping the running
         step (for devices whose steps leave the host's cores free). `on_drained` runs on
-        the engine thread whenever a step leaves the engine empty (housekeeping such as
-        heap trims)."""
+        the engine thread after each step that finished requests, busy or drained
+        (housekeeping, e.g. heap trims, that limits its own rate). `bounded_backlog`: the
+        engine gets at most BACKLOG_STEPS x max_num_seqs waiting prompts at a time."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
         self._window = arrival_window
@@ -89,7 +94,8 @@ class AsyncLLM(TokenizerFront):
         self._on_drained = on_drained
         self._cv = threading.Condition()
         self._pending: dict[str, Pending] = {}
-        self._inbox: list[str] = []
+        self._inbox: OrderedDict[str, None] = OrderedDict()  # ids not yet in the engine
+        self._bounded, self._backlog = bounded_backlog, None
         self._aborts: list[str] = []
         self._stopping = False
         self._error: Optional[BaseException] = None
@@ -116,6 +122,8 @@ class AsyncLLM(TokenizerFront):
         # The tokenizer thread's own processor; the engine's is used by the engine loop only.
         self.processor = engine.processor.clone()
         self.tokenizer = self.processor.tokenizer
+        if self._bounded:
+            self._backlog = BACKLOG_STEPS * engine.vllm_config.scheduler_config.max_num_seqs
 
     @classmethod
     def from_engine_args(cls, engine_args: Any) -> "AsyncLLM":
@@ -133,7 +141,7 @@ class AsyncLLM(TokenizerFront):
         return cls(build=lambda: LLMEngine.from_engine_args(engine_args),
                    arrival_window=ArrivalWindow() if policy.arrival_window else None,
                    tokenize_between_steps=policy.tokenize_between_steps,
-                   on_drained=platform.on_drained())
+                   on_drained=platform.on_drained(), bounded_backlog=True)
 
     # ----- health -------------------------------------------------------------------
     @property
@@ -168,8 +176,11 @@ class AsyncLLM(TokenizerFront):
 
     @property
     def stats(self) -> Any:
-        """The engine's live counters (steps, finished requests, prefix-cache hits, ...)."""
-        return self.engine.stats
+        """The engine's live counters (steps, prefix-cache hits, ...); inbox = waiting."""
+        stats = self.engine.stats
+        if self._backlog is not None:
+            stats.num_waiting += len(self._inbox)
+        return stats
 
     # ----- requests --------------------------------------------------------------------
     def submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Future:
@@ -191,7 +202,7 @@ class AsyncLLM(TokenizerFront):
                 raise ValueError(f"Request id {request_id!r} is already running.")
             self._pending[request_id] = pending
             if not overlap:
-                self._inbox.append(request_id)
+                self._inbox[request_id] = None
                 self._cv.notify()
         if overlap:
             self._tokenizer_pool.submit(self._tokenize_then_queue, request_id, pending)
@@ -204,7 +215,7 @@ class AsyncLLM(TokenizerFront):
         pending.prompt = self.processor.tokenize_texts([pending.prompt])[0]
         with self._cv:
             if self._pending.get(request_id) is pending:
-                self._inbox.append(request_id)
+                self._inbox[request_id] = None
                 self._cv.notify()
 
     async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
@@ -221,8 +232,8 @@ class AsyncLLM(TokenizerFront):
                     continue
                 if pending.added:
                     self._aborts.append(rid)
-                elif rid in self._inbox:  # (else still on the tokenizer thread)
-                    self._inbox.remove(rid)
+                else:  # still in the inbox (or on the tokenizer thread)
+                    self._inbox.pop(rid, None)
                 resolve(pending, error=asyncio.CancelledError())
             self._cv.notify()
 
@@ -255,8 +266,7 @@ class AsyncLLM(TokenizerFront):
                     if self._stopping:
                         break
                     aborts, self._aborts = self._aborts, []
-                    new = [(rid, self._pending[rid]) for rid in self._inbox]
-                    self._inbox = []
+                    new = self._take_inbox()
                     for _, pending in new:
                         pending.added = True
                 self._admit(aborts, new)
@@ -268,11 +278,10 @@ class AsyncLLM(TokenizerFront):
                     if not self._engine_works():
                         raise
                 busy = self.engine.has_unfinished_requests()
-                if finished and not busy:
-                    if self._on_drained is not None:
-                        self._on_drained()
-                    if self._window is not None:
-                        self._await_arrivals(finished)
+                if finished and self._on_drained is not None:
+                    self._on_drained()
+                if finished and not busy and self._window is not None:
+                    self._await_arrivals(finished)
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")
             with self._cv:
@@ -281,6 +290,15 @@ class AsyncLLM(TokenizerFront):
             self._fail_all(self.dead_error)
             for callback in callbacks:
                 callback()
+
+    def _take_inbox(self) -> list[tuple[str, Pending]]:
+        """The inbox's requests the engine takes now, in arrival order: all of them, or
+        as many as top its waiting queue up to `_backlog`."""
+        count = len(self._inbox)
+        if self._backlog is not None:
+            count = min(count, max(0, self._backlog - self.engine.num_waiting))
+        return [(rid, self._pending[rid]) for rid in
+                (self._inbox.popitem(last=False)[0] for _ in range(count))]
 
     def _admit(self, aborts: list[str], new: list[tuple[str, Pending]]) -> None:
         """Apply aborts, tokenize the new texts in one batch, then add the new requests; a
@@ -377,6 +395,6 @@ class AsyncLLM(TokenizerFront):
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:
             pending, self._pending = list(self._pending.values()), {}
-            self._inbox, self._aborts = [], []
+            self._inbox, self._aborts = OrderedDict(), []
         for p in pending:
             resolve(p, error=error)

@@ -96,6 +96,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests added and not yet scheduled."""
+        return len(self.scheduler.waiting)
+
     def step(self) -> list[PoolingRequestOutput]:
         """Schedule, run the model once, and return the requests that finished."""
         out = self.scheduler.schedule()

@@ -62,7 +62,8 @@ class Platform:
         """Before the server's engine thread starts (process-wide settings)."""
 
     def on_drained(self) -> Optional[Callable[[], None]]:
-        """What the server's engine thread runs when a step leaves it empty (None: nothing)."""
+        """What the server's engine thread runs after each step that finished requests
+        (None: nothing); it limits its own rate."""
         return None
 
     # ----- KV cache ---------------------------------------------------------------------

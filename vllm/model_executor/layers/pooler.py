@@ -85,7 +85,7 @@ class Pooler:
                 projected = layer(projected)
             for i, vec in zip(rows, projected.float()):
                 vectors[i] = vec
-        return [self._post(vectors[i], s.params).cpu() for i, s in enumerate(slices)]
+        return [_own(self._post(vectors[i], s.params)) for i, s in enumerate(slices)]
 
     def _row_index(self, slices: list[PoolingSlice], device) -> torch.Tensor:
         if self.pooling_type == "LAST":
@@ -118,7 +118,7 @@ class Pooler:
         if p.task == "token_embed":  # ColBERT: ST Dense per token, then unit length
             for layer in self.dense:
                 rows = layer(rows.to(hidden.dtype)).float()
-            return (F.normalize(rows, dim=-1) if p.normalize else rows).cpu()
+            return _own(F.normalize(rows, dim=-1) if p.normalize else rows)
         if self.pooling_type == "STEP":  # as upstream: columns, then tag rows, then activation
             if p.returned_token_ids:
                 rows = rows[:, p.returned_token_ids]
@@ -127,7 +127,18 @@ class Pooler:
                 rows = rows[ids == p.step_tag_id]
         if p.softmax:  # one column: sigmoid (a softmax over one value is always 1)
             rows = _label_activation(rows)
-        return rows.cpu()
+        return _own(rows)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the CPU in a buffer of its own. Without a head or an activation an output
+    is a view of the step's buffer (the hidden states of every token in the step, or the
+    step's pooled matrix), and one output kept alive would keep all of it: a /pooling ALL
+    answer of 10k inputs pinned every step's hidden states until it was sent."""
+    t = t.cpu()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
 
 
 def _mean_pool(hidden: torch.Tensor, slices: list[PoolingSlice]) -> torch.Tensor:
