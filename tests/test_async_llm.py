@@ -521,3 +521,23 @@ def test_a_quick_answer_never_listens_for_a_disconnect(monkeypatch):
     finally:
         server.close()
         llm.shutdown()
+
+
+def test_submit_many_hands_over_all_prompts_together():
+    """One request's prompts reach the engine in one go: its first step holds them all
+    (steps start at once here, so a prompt handed over alone would run alone). A duplicate
+    id refuses the whole call and registers none."""
+    engine = FakeEngine()
+    llm = AsyncLLM(engine, arrival_window=None)
+    try:
+        async def main():
+            ids = [f"r-{i}" for i in range(40)]
+            outs = await asyncio.gather(*llm.submit_many([("p", None, rid) for rid in ids]))
+            assert [o.request_id for o in outs] == ids
+            assert engine.batches[0] == sorted(ids)
+            with pytest.raises(ValueError, match="'x' is already running"):
+                llm.submit_many([("p", None, "x"), ("p", None, "x")])
+            assert (await llm.submit_many([("p", None, "x")])[0]).request_id == "x"
+        asyncio.run(main())
+    finally:
+        llm.shutdown()

@@ -191,23 +191,35 @@ class AsyncLLM(TokenizerFront):
         tokenizer or the engine refuses fails its future with ValueError.
 
         A plain future rather than a task: a server request costs no task per prompt."""
+        return self.submit_many([(prompt, params, request_id)])[0]
+
+    def submit_many(self, items: Sequence[tuple[Any, Any, str]]) -> list[asyncio.Future]:
+        """`submit` for (prompt, params, request_id) items, handed over together (one lock,
+        one wake-up): the engine never starts a step with only some of one HTTP request's
+        prompts, so its answers do not depend on thread timing. All or none are taken."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        pending = Pending(loop, future, prompt, params)
-        overlap = isinstance(prompt, TextPrompt) and not self._tokenize_between_steps
+        pendings = [(rid, Pending(loop, loop.create_future(), prompt, params))
+                    for prompt, params, rid in items]
+        overlap = [not self._tokenize_between_steps and isinstance(p.prompt, TextPrompt)
+                   for _, p in pendings]
         with self._cv:
             if not self.is_alive:
                 raise self.dead_error
-            if request_id in self._pending:
-                raise ValueError(f"Request id {request_id!r} is already running.")
-            self._pending[request_id] = pending
-            if not overlap:
-                self._inbox[request_id] = None
-                self._cv.notify()
-        if overlap:
-            self._tokenizer_pool.submit(self._tokenize_then_queue, request_id, pending)
-        future.add_done_callback(lambda f: self.abort([request_id]) if f.cancelled() else None)
-        return future
+            ids = [rid for rid, _ in pendings]
+            taken = [rid for rid in ids if rid in self._pending]
+            if taken or len(set(ids)) < len(ids):
+                raise ValueError(f"Request id {(taken or ids)[0]!r} is already running.")
+            for (rid, pending), later in zip(pendings, overlap):
+                self._pending[rid] = pending
+                if not later:
+                    self._inbox[rid] = None
+            self._cv.notify()
+        for (rid, pending), later in zip(pendings, overlap):
+            if later:
+                self._tokenizer_pool.submit(self._tokenize_then_queue, rid, pending)
+            pending.future.add_done_callback(
+                lambda f, rid=rid: self.abort([rid]) if f.cancelled() else None)
+        return [pending.future for _, pending in pendings]
 
     def _tokenize_then_queue(self, request_id: str, pending: Pending) -> None:
         """On the tokenizer thread, while a step may be running: tokenize the text, then

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from vllm import envs
 from vllm.engine.async_llm import EngineDeadError
@@ -151,6 +151,11 @@ class DPAsyncLLM(TokenizerFront):
         else:
             self._dispatch(request_id)
         return future
+
+    def submit_many(self, items: Sequence[tuple[Any, Any, str]]) -> list[asyncio.Future]:
+        """`submit` for each (prompt, params, request_id): one request's prompts are
+        flushed to the replicas together on the event loop's next turn."""
+        return [self.submit(prompt, params, rid) for prompt, params, rid in items]
 
     async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
         return await self.submit(prompt, params, request_id)

@@ -251,8 +251,8 @@ class ServingContext:
         futures: list[asyncio.Future] = []
         watcher: Optional[_DisconnectWatcher] = None
         try:
-            for i, p in enumerate(prompts):
-                futures.append(engine.submit(p, params.clone(), f"{base_id}-{i}"))
+            futures = engine.submit_many([(p, params.clone(), f"{base_id}-{i}")
+                                          for i, p in enumerate(prompts)])
             everything = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
             watcher = _DisconnectWatcher(request, everything)
             try:
