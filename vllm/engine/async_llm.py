@@ -6,28 +6,19 @@ that arrive while a step is running are added together before the next step, so
 concurrent HTTP requests share engine steps (torch releases the GIL while the model
 runs, so the event loop keeps accepting requests meanwhile).
 
-The engine is built on that thread too (`from_engine_args`). torch's OpenMP runtime keeps
-one worker pool per thread that runs parallel work, and libgomp stops its workers from
-spin-waiting between parallel regions once it manages more threads than there are CPUs;
-with a second pool (model loaded on the main thread, steps run on the engine thread) a
-short request's step took 5.4 ms instead of 3.1 ms here.
+The engine is built on that thread too (`from_engine_args`): a second OpenMP pool (one per
+thread that runs parallel work) stops libgomp's spin-waiting, which slowed short steps
+(docs/architecture.md, "Ownership").
 
 Plain texts reach the engine untokenized (`TextPrompt`); the loop tokenizes every text
-that arrived for a step in one batch call, between steps. On cores shared with the model,
-tokenizing on another thread while a step runs stalls the step's OpenMP threads each time it
-preempts one (+6% requests/s at 32 clients here, A/B). Token-id prompts, pairs and
-/tokenize are tokenized on a single worker thread, never on the event loop, with a copy of
-the tokenizer of its own: a Hugging Face fast tokenizer keeps its truncation settings on
-the tokenizer object, so two threads sharing one silently truncated each other's texts
-(or not) when their settings differed.
+that arrived for a step in one batch call, between steps (tokenizing beside a running step
+preempts its OpenMP threads: +6% requests/s at 32 clients, A/B). Token-id prompts, pairs
+and /tokenize use one worker thread with its own tokenizer copy (a fast tokenizer keeps its
+truncation settings on the object, so two threads sharing one truncated each other's texts).
 
-When a step leaves the engine empty, the loop does not start the next step with the first
-request that comes back: it waits (`ArrivalWindow`) until as many requests have arrived as
-the step finished, or no new one has arrived for a few ms. Clients answered by a step send
-their next requests together, and the server answers them between steps on both cores
-instead of preempting the step's OpenMP threads (a preempted thread stalls its partner at
-the next barrier, so HTTP work cost the step twice). Steps grow from ~15 to ~31 requests at
-32 clients, and a single client (one finished, one back) never waits.
+When a step leaves the engine empty, the loop waits (`ArrivalWindow`) until as many requests
+have arrived as the step finished, or none for a few ms, so the server answers HTTP between
+steps instead of preempting the step's OpenMP threads (docs/architecture.md, "Ownership").
 
 Both are CPU policies, switched on by the CPU platform (`Platform.serving_policy`). On CUDA
 the step leaves the host's cores free: texts are tokenized on the tokenizer thread as they
@@ -61,7 +52,6 @@ BACKLOG_STEPS = 2
 @dataclass(frozen=True)
 class ArrivalWindow:
     """How long a drained engine waits for the next step's requests (seconds)."""
-
     gap: float = 0.003  # start once no request has arrived for this long
     cap: float = 0.030  # and never wait longer than this after the step
 
@@ -184,19 +174,17 @@ class AsyncLLM(TokenizerFront):
 
     # ----- requests --------------------------------------------------------------------
     def submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Future:
-        """Hand one prompt (tokenized, or a `TextPrompt` the loop tokenizes) to the
-        engine; the returned future (of the running event loop) resolves to its
-        PoolingRequestOutput. Cancelling the future aborts the request. Raises ValueError
-        for a duplicate id, EngineDeadError when the engine is not running; a prompt the
-        tokenizer or the engine refuses fails its future with ValueError.
-
-        A plain future rather than a task: a server request costs no task per prompt."""
+        """Hand one prompt (tokenized, or a `TextPrompt` the loop tokenizes) to the engine;
+        the returned plain future (no task per prompt) resolves to its output."""
         return self.submit_many([(prompt, params, request_id)])[0]
 
     def submit_many(self, items: Sequence[tuple[Any, Any, str]]) -> list[asyncio.Future]:
-        """`submit` for (prompt, params, request_id) items, handed over together (one lock,
-        one wake-up): the engine never starts a step with only some of one HTTP request's
-        prompts, so its answers do not depend on thread timing. All or none are taken."""
+        """Futures (of the running event loop) of each (prompt, params, request_id)'s
+        PoolingRequestOutput, handed over together (one lock, one wake-up): no step starts
+        with only some of one HTTP request's prompts. Cancelling a future aborts its
+        request. Raises ValueError for a duplicate id (none is taken), EngineDeadError when
+        the engine is not running; a prompt the tokenizer or engine refuses fails its
+        future with ValueError."""
         loop = asyncio.get_running_loop()
         pendings = [(rid, Pending(loop, loop.create_future(), prompt, params))
                     for prompt, params, rid in items]
