@@ -56,9 +56,9 @@ class ChunkedInputs:
             chunks.append((f"{request_id}{_SEP}{i}", TokenizedPrompt(
                 ids[start:end], types[start:end] if types else None, prompt.cache_salt,
                 prompt.prompt_len if i == 0 else None)))
-        skip = 0 if self.pool_prompt else min(prompt.prompt_len or 0, self.max_len)
+        skip = 0 if self.pool_prompt else prompt.prompt_len or 0
         self._parents[request_id] = _Parent(list(ids), normalize, {c for c, _ in chunks},
-                                            skip=skip if skip < self.max_len else 0)
+                                            skip=skip)
         return chunks
 
     def finish(self, chunk_id: str, data: torch.Tensor, num_tokens: int,
@@ -71,7 +71,9 @@ class ChunkedInputs:
             return Finished(chunk_id, data, [], num_cached)
         parent.waiting.discard(chunk_id)
         first = chunk_id.endswith(f"{_SEP}0")
-        parent.parts[chunk_id] = (data, num_tokens - (parent.skip if first else 0))
+        # (A prompt filling the whole first chunk pools nothing there: zeros of weight 0.)
+        parent.parts[chunk_id] = (data, num_tokens - min(parent.skip, num_tokens) if first
+                                  else num_tokens)
         parent.num_cached_tokens += num_cached
         if parent.waiting:
             return None
