@@ -39,6 +39,17 @@ inline vf round(vf v) {
   return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 inline vf pow2n(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+inline vf div(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf abs(vf v) { return _mm512_abs_ps(v); }
+inline vf copysign(vf mag, vf sign) {  // |mag| with sign's sign bit
+  const __m512i s = _mm512_set1_epi32(0x80000000);
+  return _mm512_castsi512_ps(_mm512_or_si512(
+      _mm512_andnot_si512(s, _mm512_castps_si512(mag)),
+      _mm512_and_si512(s, _mm512_castps_si512(sign))));
+}
+inline vf select_negative(vf x, vf if_neg, vf if_not) {  // x < 0 ? if_neg : if_not
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_LT_OQ), if_not, if_neg);
+}
 inline __mmask16 first(int n) {
   return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
@@ -79,6 +90,15 @@ inline vf pow2n(vf p, vf n) {  // p * 2^n for integral n in [-126, 127]
                                                        _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+inline vf div(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf abs(vf v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+inline vf copysign(vf mag, vf sign) {  // |mag| with sign's sign bit
+  const vf s = _mm256_set1_ps(-0.0f);
+  return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
+}
+inline vf select_negative(vf x, vf if_neg, vf if_not) {  // x < 0 ? if_neg : if_not
+  return _mm256_blendv_ps(if_not, if_neg, _mm256_cmp_ps(x, zero(), _CMP_LT_OQ));
+}
 inline vf lanes_below(int n) {  // all-ones in lanes < n
   return _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)n),
                        _CMP_LT_OQ);
@@ -109,6 +129,32 @@ inline vf exp(vf x) {
   p = fmadd(p, r, set1(1.0f));
   p = fmadd(p, r, set1(1.0f));
   return pow2n(p, n);
+}
+
+// erf(x): Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
+inline vf erf(vf x) {
+  const vf ax = abs(x);
+  const vf t = div(set1(1.0f), fmadd(set1(0.3275911f), ax, set1(1.0f)));
+  vf p = set1(1.061405429f);
+  p = fmadd(p, t, set1(-1.453152027f));
+  p = fmadd(p, t, set1(1.421413741f));
+  p = fmadd(p, t, set1(-0.284496736f));
+  p = fmadd(p, t, set1(0.254829592f));
+  p = mul(p, t);
+  return copysign(fnmadd(p, exp(mul(sub(zero(), ax), ax)), set1(1.0f)), x);
+}
+
+// GELU as torch's default (erf form): x / 2 * (1 + erf(x / sqrt 2)).
+inline vf gelu(vf x) {
+  const vf half_x = mul(x, set1(0.5f));
+  return fmadd(half_x, erf(mul(x, set1(0.70710678118654752f))), half_x);
+}
+
+// SiLU: x / (1 + e^-x), from e^-|x| so exp only meets x <= 0.
+inline vf silu(vf x) {
+  const vf e = exp(sub(zero(), abs(x)));
+  const vf r = div(set1(1.0f), add(set1(1.0f), e));  // sigmoid(|x|)
+  return mul(x, select_negative(x, mul(e, r), r));
 }
 #endif
 

@@ -54,9 +54,9 @@ struct Scratch {
   }
 };
 
-// S[0:4 rows][0:BK] = qs[rows] . Kt[:, 0:BK]   (qs pre-scaled)
-inline void scores_4rows(const float* qs, const float* kt, int d, float* s) {
-  for (int kc = 0; kc < BK; kc += NC * W) {
+// S[0:4 rows][0:cols rounded up to NC * W] = qs[rows] . Kt[:, 0:...]   (qs pre-scaled)
+inline void scores_4rows(const float* qs, const float* kt, int d, int cols, float* s) {
+  for (int kc = 0; kc < cols; kc += NC * W) {
     vf c[4][NC];
     for (int r = 0; r < 4; ++r)
       for (int u = 0; u < NC; ++u) c[r][u] = simd::zero();
@@ -119,14 +119,15 @@ inline void pv_block(int nv, const float* p, const float* vh, int64_t vstride, c
   }
 }
 
-// Online softmax of one score row over its first `valid` keys (the rest become 0);
-// returns the factor the row's accumulator must be rescaled by.
-inline float softmax_row(float* s, int valid, float* m, float* l) {
+// Online softmax of one score row over its first `valid` keys (the rest of its first
+// `cols` become 0); returns the factor the row's accumulator must be rescaled by.
+inline float softmax_row(float* s, int valid, int cols, float* m, float* l) {
   constexpr int N = BK / W;
+  const int n = (cols + W - 1) / W;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   vf x[N];
   vf vmax = simd::set1(neg_inf);
-  for (int u = 0; u < N; ++u) {
+  for (int u = 0; u < n; ++u) {
     x[u] = simd::load_first(s + W * u, valid - W * u, neg_inf);
     vmax = simd::max(vmax, x[u]);
   }
@@ -134,7 +135,7 @@ inline float softmax_row(float* s, int valid, float* m, float* l) {
   const float corr = std::isinf(*m) ? 0.0f : std::exp(*m - mx);
   const vf vmx = simd::set1(mx);
   vf vsum = simd::zero();
-  for (int u = 0; u < N; ++u) {
+  for (int u = 0; u < n; ++u) {
     const vf e = simd::keep_first(simd::exp(simd::sub(x[u], vmx)), valid - W * u);
     vsum = simd::add(vsum, e);
     simd::store(s + W * u, e);
@@ -171,17 +172,17 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
       const int cols = (int)std::min<int64_t>(BK, kv_end - kb);
       float* s = sc.s.data();
       const float* tile = keys.tile_at(kb / BK, d);
-      for (int r = 0; r < rows4; r += 4) scores_4rows(qsb + r * d, tile, d, s + r * BK);
+      for (int r = 0; r < rows4; r += 4) scores_4rows(qsb + r * d, tile, d, cols, s + r * BK);
       for (int r = 0; r < rows4; ++r) {
         int valid = r < rows ? cols : 0;
         if (causal)
           valid = (int)std::min<int64_t>(valid, std::max<int64_t>(0, past + i0 + r - kb + 1));
         float* srow = s + r * BK;
         if (valid == 0) {
-          std::fill(srow, srow + BK, 0.0f);
+          std::fill(srow, srow + cols, 0.0f);
           continue;
         }
-        const float corr = softmax_row(srow, valid, &sc.m[r], &sc.l[r]);
+        const float corr = softmax_row(srow, valid, cols, &sc.m[r], &sc.l[r]);
         if (corr != 1.0f) {
           float* a = sc.acc.data() + r * d;
           for (int e = 0; e < d; ++e) a[e] *= corr;
@@ -253,7 +254,8 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
     const int64_t j0 = (t - tile0[seq]) * BK;
     const int64_t cols = std::min<int64_t>(BK, koff[seq + 1] - koff[seq] - j0);
     float* dst = kt.get() + c * d * BK;
-    if (cols < BK) std::fill(dst, dst + d * BK, 0.0f);
+    if (cols < BK)  // the score tiles read whole vectors of keys
+      for (int64_t e = 0; e < d; ++e) std::fill(dst + e * BK + cols, dst + (e + 1) * BK, 0.0f);
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t key = koff[seq] + j0 + j;
       const float* src = k + (rows ? rows[key] : key) * k_row + h * k_head;

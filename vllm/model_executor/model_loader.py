@@ -17,7 +17,7 @@ from vllm.config.model import ModelConfig
 from vllm.logger import init_logger
 from vllm.attention.backends.registry import get_backend
 from vllm.model_executor.layers.attention import Attention, bind_attention
-from vllm.model_executor.layers.linear import GEMMS, bind_linear
+from vllm.model_executor.layers.linear import GEMMS, Linear, bind_linear
 from vllm.model_executor.layers.norm import RMSNorm, bind_rms_norm
 from vllm.model_executor.models.adapters import DenseLayer, RewardHead
 from vllm.model_executor.models.registry import load_model_class
@@ -99,9 +99,11 @@ def _keep(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype) -> None:
     """Bind every op of a loaded model to the implementation `platform` chose (logged)."""
     gemm = GEMMS[platform.linear_impl(dtype)]
-    packed = bind_linear(model, gemm)
+    packed = bind_linear(model, gemm, platform.skinny_gemm(dtype))
     if packed:
-        logger.info("Linear layers: %d weights packed once for %s.", packed, gemm.name)
+        few = sum(m.skinny is not None for m in model.modules() if isinstance(m, Linear))
+        logger.info("Linear layers: %d weights packed once for %s%s.", packed, gemm.name,
+                    f" ({few} also run few rows on the C++ kernel)" if few else "")
     if any(isinstance(m, RMSNorm) for m in model.modules()):
         bind_rms_norm(model, platform.rms_norm_kernel(dtype))
     head_dims = [m.head_dim for m in model.modules() if isinstance(m, Attention)]

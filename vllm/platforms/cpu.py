@@ -14,6 +14,7 @@ few ms for the clients it just answered (`ArrivalWindow`) runs steps twice as la
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -27,6 +28,25 @@ from vllm.platforms.process import SHAPE_CACHE_ENVS
 logger = init_logger(__name__)
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _skinny_factory() -> Optional[Callable]:
+    from vllm.model_executor.layers.cpu_kernels import kernel_status, skinny_gemm_kernel
+    from vllm.model_executor.layers.skinny_gemm import (MAX_ROWS, kernel_matches_torch,
+                                                        skinny_weight)
+    kernel = skinny_gemm_kernel()
+    if kernel is None:
+        logger.info("Projections of few rows: oneDNN; C++ kernel %s",
+                    kernel_status("skinny_gemm"))
+        return None
+    if not kernel_matches_torch(kernel):
+        logger.warning("Projections of few rows: oneDNN; the C++ kernel does not read this "
+                       "oneDNN's packed weights or differs from F.linear")
+        return None
+    logger.info("Projections of up to %d rows: C++ kernel on oneDNN's packed weights "
+                "(VLLM_CPU_SKINNY_GEMM=0 turns it off)", MAX_ROWS)
+    return functools.partial(skinny_weight, kernel)
 
 
 class CpuPlatform(Platform):
@@ -97,6 +117,14 @@ class CpuPlatform(Platform):
     def linear_impl(self, dtype: torch.dtype) -> str:
         from vllm.model_executor.layers.linear import onednn_linear_ok
         return "onednn" if envs.VLLM_CPU_ONEDNN_LINEAR and onednn_linear_ok(dtype) else "torch"
+
+    def skinny_gemm(self, dtype: torch.dtype) -> Optional[Callable]:
+        """float32 on oneDNN: the C++ few-row kernel over oneDNN's packed weights, where it
+        is built and matches F.linear (checked and logged once)."""
+        if dtype != torch.float32 or not envs.VLLM_CPU_SKINNY_GEMM or \
+                self.linear_impl(dtype) != "onednn":
+            return None
+        return _skinny_factory()
 
     def rms_norm_kernel(self, dtype: torch.dtype) -> Optional[Callable]:
         """The C++ one-pass kernel (float32, bfloat16), built or loaded now (logged once)."""

@@ -116,5 +116,10 @@ class Platform:
         """A fused RMSNorm `f(x, weight, eps)` for this dtype, or None (torch ops)."""
         return None
 
+    def skinny_gemm(self, dtype: torch.dtype) -> Optional[Callable]:
+        """`f(packed weight, n, k)` -> a few-row projection over a packed weight (see
+        layers.skinny_gemm), or None where every row count uses `linear_impl`."""
+        return None
+
     def synchronize(self) -> None:
         """Wait for queued device work (for timing)."""

@@ -8,6 +8,7 @@ releases the GIL for the call.
 from __future__ import annotations
 
 import ctypes
+from typing import Optional
 
 import torch
 
@@ -71,4 +72,34 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor,
     lib.vllm_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], n1,
                       x.stride(0), s1, d, eps, int(x.dtype == torch.bfloat16),
                       torch.get_num_threads())
+    return out
+
+
+def skinny_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_ptr: int, n: int, k: int, kp: int,
+                nb: int, bias: Optional[torch.Tensor], mode: int,
+                other: Optional[torch.Tensor]) -> torch.Tensor:
+    """(x @ W.T + bias) [mode 1: + other, 2: * other; 3 / 4 / 5: GELU / SiLU / ReLU of it]
+    for a few rows of x, W packed by oneDNN in blocks of nb columns of [kp][nb]
+    (csrc/skinny_gemm.cpp): out [M, n]."""
+    _check(x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k,
+           f"skinny_gemm: x must be float32 [M, {k}]")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if bias is not None:
+        _check(bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous(),
+               f"skinny_gemm: bias must be a contiguous float32 [{n}]")
+    with_other = mode in (1, 2)
+    if with_other:
+        _check(other is not None and other.dtype == torch.float32 and
+               other.shape == (x.shape[0], n), f"skinny_gemm: other must be float32 "
+               f"[{x.shape[0]}, {n}]")
+        if other.stride(1) != 1:
+            other = other.contiguous()
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    if lib.vllm_skinny_gemm(x.data_ptr(), x.shape[0], k, x.stride(0), weight_ptr, n, kp, nb,
+                            None if bias is None else bias.data_ptr(),
+                            other.data_ptr() if with_other else None,
+                            other.stride(0) if with_other else 0,
+                            mode, out.data_ptr(), n, torch.get_num_threads()):
+        raise RuntimeError(f"skinny_gemm: the kernel refused blocks of {nb} columns")
     return out

@@ -122,6 +122,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vllm_rms_norm.restype = None
     lib.vllm_rms_norm.argtypes = [_PTR, _PTR, _PTR] + [_I64] * 5 + [ctypes.c_float,
                                                                      ctypes.c_int, ctypes.c_int]
+    lib.vllm_skinny_gemm_tile_width.restype = ctypes.c_int
+    lib.vllm_skinny_gemm.restype = ctypes.c_int
+    lib.vllm_skinny_gemm.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR,
+                                      _PTR, _I64, ctypes.c_int, _PTR, _I64, ctypes.c_int])
     return lib
 
 
@@ -150,6 +154,22 @@ def rms_norm_kernel() -> Optional[Callable]:
         return None
     from vllm.model_executor.layers.cpu_kernel_calls import rms_norm
     return functools.partial(rms_norm, lib)
+
+
+def skinny_gemm_kernel() -> Optional[Callable]:
+    """`f(x, weight_ptr, n, k, kp, nb, bias, mode, other) -> out` for a few float32 rows
+    against a oneDNN-packed weight (csrc/skinny_gemm.cpp; `f.tile_width`: the block widths
+    it takes are multiples of it), or None where the library or a SIMD build is missing."""
+    lib = library()
+    if lib is None or lib.vllm_kernels_isa() == b"none":
+        _status["skinny_gemm"] = _status["library"] if lib is None else \
+            "unavailable (built without AVX2 or AVX-512)"
+        return None
+    _status["skinny_gemm"] = _status["library"]
+    from vllm.model_executor.layers.cpu_kernel_calls import skinny_gemm
+    kernel = functools.partial(skinny_gemm, lib)
+    kernel.tile_width = lib.vllm_skinny_gemm_tile_width()
+    return kernel
 
 
 def kernel_isa() -> Optional[str]:

@@ -23,6 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor.layers.skinny_gemm import ACTIVATIONS as SKINNY_ACTIVATIONS
+from vllm.model_executor.layers.skinny_gemm import SkinnyWeight
+
 # activation name -> (oneDNN post-op, its algorithm, the same in plain torch)
 _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = {
     "gelu": ("gelu", "none", F.gelu),
@@ -31,6 +34,8 @@ _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]]
     "silu": ("swish", "", F.silu),
 }
 Weight = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+# (packed weight, out features, in features) -> a few-row kernel reading it, or None
+SkinnyFactory = Callable[[torch.Tensor, int, int], Optional["SkinnyWeight"]]
 
 
 def _onednn_op():
@@ -166,29 +171,39 @@ class Linear(nn.Linear):
         self.activation = None if activation is None else check_activation(activation)
         self.gemm: Gemm = TORCH  # set by bind()
         self.packed: Optional[Weight] = None  # set by bind() where the GEMM packs
+        # set by bind() where a few-row kernel reads the packed weight (layers.skinny_gemm)
+        self.skinny: Optional[Union[SkinnyWeight, tuple[SkinnyWeight, SkinnyWeight]]] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.skinny is not None and self.skinny.takes(x):
+            return _skinny_activation(self.skinny, x, self.bias, self.activation)
         return self.gemm.linear(x, self._gemm_weight(), self.bias, self.activation)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b + residual; only for layers without an activation."""
         assert self.activation is None, "forward_add is for projections without activation"
+        if self.skinny is not None and self.skinny.takes(x):
+            return self.skinny(x, self.bias, "add", residual)
         return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
 
     def forward_mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) * other; only for layers without an activation."""
         assert self.activation is None, "forward_mul is for projections without activation"
+        if self.skinny is not None and self.skinny.takes(x):
+            return self.skinny(x, self.bias, "mul", other)
         return self.gemm.linear_mul(x, other, self._gemm_weight(), self.bias)
 
     def _gemm_weight(self) -> Weight:
         return self.weight if self.packed is None else self.packed
 
-    def bind(self, gemm: Gemm) -> bool:
+    def bind(self, gemm: Gemm, skinny: Optional[SkinnyFactory] = None) -> bool:
         """Run on `gemm` from now on (call after the weights are loaded, on the final
         device and dtype); True if the weight was packed for it. A packed layer's plain
         weight is released: the parameter becomes a meta tensor of the same shape and
         dtype, so any computation with it fails loudly (and the weight loaders refuse to
-        copy into it). Binding a packed layer again keeps its packing."""
+        copy into it). Binding a packed layer again keeps its packing. `skinny(packed, n,
+        k)`: a few-row kernel over a packed weight, used up to its row limit where it
+        reads this layer's layout."""
         if self.packed is not None:
             return True
         self.gemm = gemm
@@ -197,12 +212,17 @@ class Linear(nn.Linear):
         if packed is None:
             return False
         self.packed = packed
+        if skinny is not None:
+            self.skinny = self._skinny(skinny, packed)
         self.weight = nn.Parameter(torch.empty_like(weight, device="meta"),
                                    requires_grad=False)
         return True
 
     def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
         return gemm.pack(weight)
+
+    def _skinny(self, skinny: SkinnyFactory, packed: Weight):
+        return skinny(packed, self.out_features, self.in_features)
 
 
 class GatedLinear(Linear):
@@ -216,6 +236,9 @@ class GatedLinear(Linear):
         self.gate_activation = check_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.skinny is not None and self.skinny[0].takes(x):
+            gate, up = self.skinny
+            return up(x, None, "mul", _skinny_activation(gate, x, None, self.gate_activation))
         return self.gemm.gated(x, self._gemm_weight(), self.gate_activation)
 
     def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
@@ -223,8 +246,20 @@ class GatedLinear(Linear):
         halves = gemm.pack(gate), gemm.pack(up)
         return None if halves[0] is None else halves
 
+    def _skinny(self, skinny: SkinnyFactory, packed: Weight):
+        halves = tuple(skinny(w, self.out_features // 2, self.in_features) for w in packed)
+        return None if None in halves else halves
 
-def bind_linear(model: nn.Module, gemm: Gemm) -> int:
+
+def _skinny_activation(weight: SkinnyWeight, x: torch.Tensor, bias: Optional[torch.Tensor],
+                       activation: Optional[str]) -> torch.Tensor:
+    """activation(x @ W.T + bias) on the few-row kernel, in its epilogue where it has it."""
+    if activation is None or activation in SKINNY_ACTIVATIONS:
+        return weight(x, bias, activation)
+    return _ACTIVATIONS[activation][2](weight(x, bias))
+
+
+def bind_linear(model: nn.Module, gemm: Gemm, skinny: Optional[SkinnyFactory] = None) -> int:
     """Bind every `Linear` of a loaded model to `gemm` (see `Linear.bind`); returns how many
     weights were packed (0 for GEMMs that use plain weights)."""
-    return sum(m.bind(gemm) for m in model.modules() if isinstance(m, Linear))
+    return sum(m.bind(gemm, skinny) for m in model.modules() if isinstance(m, Linear))

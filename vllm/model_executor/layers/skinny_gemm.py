@@ -1,0 +1,113 @@
+"""Projections of a few rows read straight from oneDNN's packed weight (csrc/skinny_gemm.cpp).
+
+A step of a few rows (one short prompt; the last layer of a LAST/CLS model, which computes
+only the pooled rows) is a stream of every weight with a few FMAs per element. oneDNN ran
+those at 3-5 GB/s of weight on the 2-core AVX2 machine; the C++ kernel streams the same
+packed copy at 7-11 GB/s (MiniLM's 24 projections at 9 rows: 6.1 vs 7.3 ms with the
+weights out of cache, 3.7 vs 4.8 ms at one row), so a layer keeps one weight and runs
+`SkinnyWeight` up to `MAX_ROWS` rows and oneDNN above (at 32 rows oneDNN was ahead).
+
+The kernel reads oneDNN's blocked layout, which oneDNN does not promise: `packed_layout`
+packs the row and the column index of every element of a weight of the same shape and
+reads the copies back, and a layer whose layout is not the one the kernel reads keeps
+oneDNN for every row count. The platform also checks the kernel against `F.linear` once.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+MAX_ROWS = 16
+# epilogues: with `other` ("add", "mul"), or an activation of x @ W.T + bias
+_MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
+ACTIVATIONS = ("gelu", "silu", "relu")
+
+
+def _packed_values(packed: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of an opaque oneDNN tensor's buffer, in memory order."""
+    nbytes = torch.ops.mkldnn._nbytes(packed)
+    buf = (ctypes.c_float * (nbytes // 4)).from_address(torch.ops.mkldnn.data_ptr(packed))
+    return torch.frombuffer(buf, dtype=torch.float32).clone()
+
+
+@functools.lru_cache(maxsize=None)
+def packed_layout(n: int, k: int) -> Optional[tuple[int, int]]:
+    """(kp, nb) when oneDNN packs a float32 [n, k] weight as blocks of nb output columns,
+    each [kp][nb] with kp >= k (what csrc/skinny_gemm.cpp reads); None otherwise."""
+    from vllm.model_executor.layers.linear import pack_weight
+    index = [torch.arange(n, dtype=torch.float32)[:, None].expand(n, k),
+             torch.arange(k, dtype=torch.float32)[None, :].expand(n, k)]
+    try:
+        rows, cols = (_packed_values(pack_weight(t.contiguous())) for t in index)
+    except (RuntimeError, AttributeError):
+        return None
+    size = rows.numel()
+    for nb in (16, 32, 48, 64, 96, 128):
+        blocks = -(-n // nb)
+        if size % (blocks * nb) or size // (blocks * nb) < k:
+            continue
+        kp = size // (blocks * nb)
+        i = torch.arange(size)
+        want_row, want_col = (i // (kp * nb)) * nb + i % nb, (i % (kp * nb)) // nb
+        inside = (want_row < n) & (want_col < k)
+        if torch.equal(rows[inside], want_row[inside].float()) and \
+                torch.equal(cols[inside], want_col[inside].float()):
+            return kp, nb
+    return None
+
+
+class SkinnyWeight:
+    """One packed float32 [n, k] weight and its layout: `(x, bias, mode, other)` computes
+    (x @ W.T + bias) [mode "add" / "mul": with other; "gelu" / "silu" / "relu": that
+    activation of it] for x of at most MAX_ROWS rows."""
+
+    def __init__(self, kernel: Callable, packed: torch.Tensor, n: int, k: int, kp: int,
+                 nb: int) -> None:
+        self.kernel, self.packed = kernel, packed  # keeps the buffer alive
+        self.pointer = torch.ops.mkldnn.data_ptr(packed)
+        self.n, self.k, self.kp, self.nb = n, k, kp, nb
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 mode: Optional[str] = None,
+                 other: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.kernel(x, self.pointer, self.n, self.k, self.kp, self.nb, bias,
+                           _MODES[mode], other)
+
+
+def skinny_weight(kernel: Callable, packed: torch.Tensor, n: int,
+                  k: int) -> Optional[SkinnyWeight]:
+    """A `SkinnyWeight` over `packed` where its layout is the kernel's, else None."""
+    if packed.dtype != torch.float32 or not packed.is_mkldnn:
+        return None
+    layout = packed_layout(n, k)
+    if layout is None or layout[1] % kernel.tile_width:
+        return None
+    return SkinnyWeight(kernel, packed, n, k, *layout)
+
+
+def kernel_matches_torch(kernel: Callable) -> bool:
+    """The kernel on a packed weight whose width is not a whole block, every mode, against
+    F.linear in float64."""
+    from vllm.model_executor.layers.linear import pack_weight
+    g = torch.Generator().manual_seed(0)
+    n, k = 100, 72
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    weight = skinny_weight(kernel, pack_weight(w), n, k)
+    if weight is None:
+        return False
+    for rows in (1, 7, MAX_ROWS):
+        x, other = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
+        ref = F.linear(x.double(), w.double(), b.double())
+        for mode, want in ((None, ref), ("add", ref + other), ("mul", ref * other),
+                           ("gelu", F.gelu(ref)), ("silu", F.silu(ref)), ("relu", F.relu(ref))):
+            got = weight(x, b, mode, other if mode in ("add", "mul") else None)
+            if not torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4):
+                return False
+    return True
