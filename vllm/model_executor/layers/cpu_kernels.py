@@ -159,11 +159,14 @@ def rms_norm_kernel() -> Optional[Callable]:
 def skinny_gemm_kernel() -> Optional[Callable]:
     """`f(x, weight_ptr, n, k, kp, nb, bias, mode, other) -> out` for a few float32 rows
     against a oneDNN-packed weight (csrc/skinny_gemm.cpp; `f.tile_width`: the block widths
-    it takes are multiples of it), or None where the library or a SIMD build is missing."""
+    it takes are multiples of it), or None where the library is missing or not an AVX2
+    build: the kernel beat oneDNN on AVX2; on AVX-512 it compiles but was never measured,
+    so oneDNN keeps those rows there."""
     lib = library()
-    if lib is None or lib.vllm_kernels_isa() == b"none":
+    isa = None if lib is None else lib.vllm_kernels_isa().decode()
+    if isa != "avx2":
         _status["skinny_gemm"] = _status["library"] if lib is None else \
-            "unavailable (built without AVX2 or AVX-512)"
+            f"unused on {isa} builds (measured only against AVX2 oneDNN)"
         return None
     _status["skinny_gemm"] = _status["library"]
     from vllm.model_executor.layers.cpu_kernel_calls import skinny_gemm

@@ -5,7 +5,8 @@ only the pooled rows) is a stream of every weight with a few FMAs per element. o
 those at 3-5 GB/s of weight on the 2-core AVX2 machine; the C++ kernel streams the same
 packed copy at 7-11 GB/s (MiniLM's 24 projections at 9 rows: 6.1 vs 7.3 ms with the
 weights out of cache, 3.7 vs 4.8 ms at one row), so a layer keeps one weight and runs
-`SkinnyWeight` up to `MAX_ROWS` rows and oneDNN above (at 32 rows oneDNN was ahead).
+`SkinnyWeight` up to `MAX_ROWS` rows and oneDNN above (at 32 rows oneDNN was ahead). Only
+AVX2 builds use it: on AVX-512 it compiles but has not been measured against oneDNN.
 
 The kernel reads oneDNN's blocked layout, which oneDNN does not promise: `packed_layout`
 packs the row and the column index of every element of a weight of the same shape and
