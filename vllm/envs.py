@@ -49,7 +49,7 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_CPU_KERNELS_JIT": EnvVar("0", _flag, "1 (developers): where the C++ kernels were "
                                    "not built at install, build them with CMake on first use."),
     "VLLM_CPU_ONEDNN_LINEAR": EnvVar("1", _flag, "0: CPU projections use F.linear, not oneDNN."),
-    "VLLM_CPU_SKINNY_GEMM": EnvVar("1", _flag, "0: float32 projections of at most 16 rows "
+    "VLLM_CPU_SKINNY_GEMM": EnvVar("1", _flag, "0: float32 projections of at most 64 rows "
                                    "use oneDNN, not the C++ kernel that reads its packed weights."),
     "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
                                      "arenas alone."),

@@ -4,8 +4,12 @@ A step of a few rows (one short prompt; the last layer of a LAST/CLS model, whic
 only the pooled rows) is a stream of every weight with a few FMAs per element. oneDNN ran
 those at 3-5 GB/s of weight on the 2-core AVX2 machine; the C++ kernel streams the same
 packed copy at 7-11 GB/s (MiniLM's 24 projections at 9 rows: 6.1 vs 7.3 ms with the
-weights out of cache, 3.7 vs 4.8 ms at one row), so a layer keeps one weight and runs
-`SkinnyWeight` up to `MAX_ROWS` rows and oneDNN above (at 32 rows oneDNN was ahead). Only
+weights out of cache, 3.7 vs 4.8 ms at one row). oneDNN also builds a primitive for every
+new row count (~5 ms for MiniLM's four shapes), which a server meets on nearly every step:
+with row counts never seen before the kernel was 1.31x oneDNN at 17-113 rows, 1.24x at
+64-160 and even at 128-224; with cached primitives the two were within 1-3% from 24 to 256
+rows. So a layer keeps one weight and runs `SkinnyWeight` up to `MAX_ROWS` rows and oneDNN
+above, where its cache blocking matters (the kernel re-reads x once per 16 columns). Only
 AVX2 builds use it: on AVX-512 it compiles but has not been measured against oneDNN.
 
 The kernel reads oneDNN's blocked layout, which oneDNN does not promise: `packed_layout`
@@ -22,7 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 16
+MAX_ROWS = 64
 # epilogues: with `other` ("add", "mul"), or an activation of x @ W.T + bias
 _MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
 ACTIVATIONS = ("gelu", "silu", "relu")
