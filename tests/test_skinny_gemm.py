@@ -128,3 +128,26 @@ def test_a_kernel_that_disagrees_is_not_used(monkeypatch, vllm_log):
     finally:
         cpu._skinny_factory.cache_clear()
     assert cpu.CpuPlatform("cpu").skinny_gemm(torch.bfloat16) is None
+
+
+def test_layout_match_rejects_a_different_layout():
+    """The probe's matcher accepts exactly the blocked layout it describes: a [n/nb][kp][nb]
+    buffer (padding included) matches with its (kp, nb); the same values transposed within
+    each block ([kp][nb] -> [nb][kp]) match nothing."""
+    n, k, nb, kp = 70, 24, 32, 32
+    blocks = -(-n // nb)
+    i = torch.arange(blocks * kp * nb)
+    rows = ((i // (kp * nb)) * nb + i % nb).float()
+    cols = ((i % (kp * nb)) // nb).float()
+    outside = (rows >= n) | (cols >= k)
+    rows[outside], cols[outside] = 0, 0
+    assert sg._match(rows, cols, i, i.numel(), n, k) == (kp, nb)
+    swap = lambda t: t.view(blocks, kp, nb).transpose(1, 2).reshape(-1)  # noqa: E731
+    assert sg._match(swap(rows), swap(cols), i, i.numel(), n, k) is None
+
+
+def test_a_large_weight_is_probed_at_sampled_places(kernel):
+    """Above 2^20 elements the probe reads sampled places only, and still finds the layout."""
+    assert sg._positions(1 << 20).numel() == 1 << 20
+    assert sg._positions(1 << 24).numel() == 3 << 18
+    assert sg.packed_layout(4096, 1024) is not None

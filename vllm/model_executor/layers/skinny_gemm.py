@@ -32,32 +32,62 @@ _MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
 ACTIVATIONS = ("gelu", "silu", "relu")
 
 
-def _packed_values(packed: torch.Tensor) -> torch.Tensor:
-    """A float32 copy of an opaque oneDNN tensor's buffer, in memory order."""
+def _packed_buffer(packed: torch.Tensor) -> torch.Tensor:
+    """A float32 view of an opaque oneDNN tensor's buffer, in memory order (valid while
+    `packed` lives)."""
     nbytes = torch.ops.mkldnn._nbytes(packed)
     buf = (ctypes.c_float * (nbytes // 4)).from_address(torch.ops.mkldnn.data_ptr(packed))
-    return torch.frombuffer(buf, dtype=torch.float32).clone()
+    return torch.frombuffer(buf, dtype=torch.float32)
+
+
+def _positions(size: int) -> torch.Tensor:
+    """Where the probe compares: everywhere in a buffer of up to 2^20 elements, else its
+    first and last 2^18 and 2^18 seeded random ones (a 7B model's largest weight is probed
+    without index tensors of its size)."""
+    if size <= 1 << 20:
+        return torch.arange(size)
+    g = torch.Generator().manual_seed(0)
+    edge = 1 << 18
+    return torch.cat([torch.arange(edge), torch.arange(size - edge, size),
+                      torch.randint(0, size, (edge,), generator=g)])
 
 
 @functools.lru_cache(maxsize=None)
 def packed_layout(n: int, k: int) -> Optional[tuple[int, int]]:
     """(kp, nb) when oneDNN packs a float32 [n, k] weight as blocks of nb output columns,
-    each [kp][nb] with kp >= k (what csrc/skinny_gemm.cpp reads); None otherwise."""
+    each [kp][nb] with kp >= k (what csrc/skinny_gemm.cpp reads); None otherwise. Found by
+    packing the row index and then the column index of every element and reading back
+    where each landed."""
     from vllm.model_executor.layers.linear import pack_weight
-    index = [torch.arange(n, dtype=torch.float32)[:, None].expand(n, k),
-             torch.arange(k, dtype=torch.float32)[None, :].expand(n, k)]
+    found: list[torch.Tensor] = []
+    sizes: list[int] = []
     try:
-        rows, cols = (_packed_values(pack_weight(t.contiguous())) for t in index)
+        for axis in (0, 1):
+            index = torch.arange((n, k)[axis], dtype=torch.float32)
+            index = (index[:, None] if axis == 0 else index[None, :]).expand(n, k)
+            packed = pack_weight(index.contiguous())
+            buf = _packed_buffer(packed)
+            sizes.append(buf.numel())
+            where = _positions(sizes[0]) if axis == 0 else where
+            found.append(buf[where].clone())
+            del packed, buf
     except (RuntimeError, AttributeError):
         return None
-    size = rows.numel()
+    if sizes[0] != sizes[1]:
+        return None
+    return _match(*found, where, sizes[0], n, k)
+
+
+def _match(rows: torch.Tensor, cols: torch.Tensor, where: torch.Tensor, size: int, n: int,
+           k: int) -> Optional[tuple[int, int]]:
+    """The (kp, nb) whose [n / nb][kp][nb] layout of `size` elements puts (row, col) at
+    every probed place."""
     for nb in (16, 32, 48, 64, 96, 128):
         blocks = -(-n // nb)
         if size % (blocks * nb) or size // (blocks * nb) < k:
             continue
         kp = size // (blocks * nb)
-        i = torch.arange(size)
-        want_row, want_col = (i // (kp * nb)) * nb + i % nb, (i % (kp * nb)) // nb
+        want_row, want_col = (where // (kp * nb)) * nb + where % nb, (where % (kp * nb)) // nb
         inside = (want_row < n) & (want_col < k)
         if torch.equal(rows[inside], want_row[inside].float()) and \
                 torch.equal(cols[inside], want_col[inside].float()):
