@@ -220,7 +220,7 @@ def test_cancelling_a_submitted_future_aborts_the_engine_request():
                     break
                 await asyncio.sleep(0.01)
         asyncio.run(main())
-        assert engine.aborted == ["slow"] and not engine.running and not llm._pending
+        assert engine.aborted == ["slow"] and not engine.running and llm.num_pending == 0
     finally:
         llm.shutdown()
 

@@ -1,7 +1,7 @@
 """AsyncLLM: the server's asynchronous front over one synchronous `LLMEngine`.
 
 One background thread owns the engine and runs its step loop; every other thread
-only talks to it through a small inbox guarded by a condition variable. Requests
+only talks to it through the `Inbox` (vllm/engine/inbox.py, one condition variable). Requests
 that arrive while a step is running are added together before the next step, so
 concurrent HTTP requests share engine steps (torch releases the GIL while the model
 runs, so the event loop keeps accepting requests meanwhile).
@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import OrderedDict
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from vllm.engine.futures import Pending, resolve, resolve_outputs
+from vllm.engine.inbox import ArrivalWindow, Inbox
 from vllm.engine.processor import TextPrompt
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
@@ -47,13 +46,6 @@ logger = init_logger(__name__)
 SELF_TEST_TEXT = "hello"
 # A bounded backlog: the engine holds this many steps of waiting prompts; the rest wait as text.
 BACKLOG_STEPS = 2
-
-
-@dataclass(frozen=True)
-class ArrivalWindow:
-    """How long a drained engine waits for the next step's requests (seconds)."""
-    gap: float = 0.003  # start once no request has arrived for this long
-    cap: float = 0.030  # and never wait longer than this after the step
 
 
 class EngineDeadError(RuntimeError):
@@ -82,12 +74,8 @@ class AsyncLLM(TokenizerFront):
         self._window = arrival_window
         self._tokenize_between_steps = tokenize_between_steps
         self._on_drained = on_drained
-        self._cv = threading.Condition()
-        self._pending: dict[str, Pending] = {}
-        self._inbox: OrderedDict[str, None] = OrderedDict()  # ids not yet in the engine
+        self._inbox = Inbox()
         self._bounded, self._backlog = bounded_backlog, None
-        self._aborts: list[str] = []
-        self._stopping = False
         self._error: Optional[BaseException] = None
         self._dead_callbacks: list[Callable[[], None]] = []
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1,
@@ -136,7 +124,7 @@ class AsyncLLM(TokenizerFront):
     # ----- health -------------------------------------------------------------------
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and self._error is None and not self._stopping
+        return self._thread.is_alive() and self._error is None and not self._inbox.stopping
 
     @property
     def errored(self) -> bool:
@@ -153,7 +141,7 @@ class AsyncLLM(TokenizerFront):
         """Call `callback` (from the engine thread) once the loop has died of an error and
         every request in flight has been failed; at once if it already has. The server
         uses it to exit non-zero, so that a supervisor restarts it."""
-        with self._cv:
+        with self._inbox.cv:
             if self._error is None:
                 self._dead_callbacks.append(callback)
                 return
@@ -162,14 +150,14 @@ class AsyncLLM(TokenizerFront):
     @property
     def num_pending(self) -> int:
         """Prompts submitted and not yet answered (waiting, tokenizing or running)."""
-        return len(self._pending)
+        return len(self._inbox.pending)
 
     @property
     def stats(self) -> Any:
         """The engine's live counters (steps, prefix-cache hits, ...); inbox = waiting."""
         stats = self.engine.stats
         if self._backlog is not None:
-            stats.num_waiting += len(self._inbox)
+            stats.num_waiting += self._inbox.num_queued
         return stats
 
     # ----- requests --------------------------------------------------------------------
@@ -190,18 +178,8 @@ class AsyncLLM(TokenizerFront):
                     for prompt, params, rid in items]
         overlap = [not self._tokenize_between_steps and isinstance(p.prompt, TextPrompt)
                    for _, p in pendings]
-        with self._cv:
-            if not self.is_alive:
-                raise self.dead_error
-            ids = [rid for rid, _ in pendings]
-            taken = [rid for rid in ids if rid in self._pending]
-            if taken or len(set(ids)) < len(ids):
-                raise ValueError(f"Request id {(taken or ids)[0]!r} is already running.")
-            for (rid, pending), later in zip(pendings, overlap):
-                self._pending[rid] = pending
-                if not later:
-                    self._inbox[rid] = None
-            self._cv.notify()
+        self._inbox.put([(rid, p, not later) for (rid, p), later in zip(pendings, overlap)],
+                        check=self._refuse_if_dead)
         for (rid, pending), later in zip(pendings, overlap):
             if later:
                 self._tokenizer_pool.submit(self._tokenize_then_queue, rid, pending)
@@ -209,14 +187,15 @@ class AsyncLLM(TokenizerFront):
                 lambda f, rid=rid: self.abort([rid]) if f.cancelled() else None)
         return [pending.future for _, pending in pendings]
 
+    def _refuse_if_dead(self) -> None:
+        if not self.is_alive:
+            raise self.dead_error
+
     def _tokenize_then_queue(self, request_id: str, pending: Pending) -> None:
         """On the tokenizer thread, while a step may be running: tokenize the text, then
         queue the request (unless it was aborted meanwhile); a refusal fails it in `_admit`."""
         pending.prompt = self.processor.tokenize_texts([pending.prompt])[0]
-        with self._cv:
-            if self._pending.get(request_id) is pending:
-                self._inbox[request_id] = None
-                self._cv.notify()
+        self._inbox.queue(request_id, pending)
 
     async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
         """`submit` and wait. Cancelling the awaiting task (e.g. the client went away)
@@ -225,23 +204,11 @@ class AsyncLLM(TokenizerFront):
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Forget these requests; those already in the engine are aborted there."""
-        with self._cv:
-            for rid in request_ids:
-                pending = self._pending.pop(rid, None)
-                if pending is None:
-                    continue
-                if pending.added:
-                    self._aborts.append(rid)
-                else:  # still in the inbox (or on the tokenizer thread)
-                    self._inbox.pop(rid, None)
-                resolve(pending, error=asyncio.CancelledError())
-            self._cv.notify()
+        self._inbox.abort(request_ids)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the loop after the step in flight; fail every request still waiting."""
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
+        self._inbox.stop()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
@@ -260,16 +227,12 @@ class AsyncLLM(TokenizerFront):
         busy = False
         try:
             while True:
-                with self._cv:
-                    while not (self._stopping or self._inbox or self._aborts or busy):
-                        self._cv.wait()
-                    if self._stopping:
-                        break
-                    aborts, self._aborts = self._aborts, []
-                    new = self._take_inbox()
-                    for _, pending in new:
-                        pending.added = True
-                self._admit(aborts, new)
+                room = None if self._backlog is None else \
+                    self._backlog - self.engine.num_waiting
+                work = self._inbox.next_work(busy, room)
+                if work is None:
+                    break
+                self._admit(*work)
                 finished = 0
                 try:
                     finished = self._step()
@@ -281,24 +244,15 @@ class AsyncLLM(TokenizerFront):
                 if finished and self._on_drained is not None:
                     self._on_drained()
                 if finished and not busy and self._window is not None:
-                    self._await_arrivals(finished)
+                    self._inbox.await_arrivals(finished, self._window)
         except BaseException as exc:  # the engine itself failed: every request fails
             logger.exception("The engine loop failed; the server can no longer serve.")
-            with self._cv:
+            with self._inbox.cv:
                 self._error = exc
                 callbacks, self._dead_callbacks = self._dead_callbacks, []
             self._fail_all(self.dead_error)
             for callback in callbacks:
                 callback()
-
-    def _take_inbox(self) -> list[tuple[str, Pending]]:
-        """The inbox's requests the engine takes now, in arrival order: all of them, or
-        as many as top its waiting queue up to `_backlog`."""
-        count = len(self._inbox)
-        if self._backlog is not None:
-            count = min(count, max(0, self._backlog - self.engine.num_waiting))
-        return [(rid, self._pending[rid]) for rid in
-                (self._inbox.popitem(last=False)[0] for _ in range(count))]
 
     def _admit(self, aborts: list[str], new: list[tuple[str, Pending]]) -> None:
         """Apply aborts, tokenize the new texts in one batch, then add the new requests; a
@@ -324,25 +278,8 @@ class AsyncLLM(TokenizerFront):
                     raise pending.prompt
                 self.engine.add_request(rid, pending.prompt, pending.params)
             except Exception as exc:
-                with self._cv:
-                    self._pending.pop(rid, None)
+                self._inbox.forget(rid)
                 resolve(pending, error=exc)
-
-    def _await_arrivals(self, expected: int) -> None:
-        """The engine is empty after a step that finished `expected` requests: wait until
-        as many have arrived, or none for `gap` since the last, or `cap` in all (an abort
-        or shutdown ends the wait)."""
-        window = self._window
-        deadline = time.perf_counter() + window.cap
-        with self._cv:
-            while len(self._inbox) < expected and not (self._stopping or self._aborts):
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    return
-                arrived = len(self._inbox)
-                self._cv.wait(min(left, window.gap) if arrived else left)
-                if arrived and len(self._inbox) == arrived:
-                    return
 
     def _step(self) -> int:
         """Run one engine step and resolve the requests it finished; returns how many."""
@@ -351,12 +288,9 @@ class AsyncLLM(TokenizerFront):
             return 0
         steps = engine.stats.num_steps
         outputs = engine.step()
-        with self._cv:
-            done = [(self._pending.pop(o.request_id, None), o) for o in outputs]
-        resolve_outputs([(p, o) for p, o in done if p is not None])
+        resolve_outputs(self._inbox.finished(outputs))
         if not outputs and engine.stats.num_steps == steps:
-            with self._cv:  # nothing could be scheduled: do not spin
-                self._cv.wait(0.005)
+            self._inbox.pause(0.005)  # nothing could be scheduled: do not spin
         return len(outputs)
 
     def _engine_works(self) -> bool:
@@ -382,19 +316,14 @@ class AsyncLLM(TokenizerFront):
     def _fail_in_flight(self, error: Exception) -> None:
         """A step raised: fail (and abort) the requests inside the engine, keep serving."""
         logger.exception("An engine step failed; failing the requests in flight.")
-        with self._cv:
-            failed = [rid for rid, p in self._pending.items() if p.added]
-            pending = [self._pending.pop(rid) for rid in failed]
+        failed = self._inbox.take_added()
         try:
-            self.engine.abort_request(failed)
+            self.engine.abort_request([rid for rid, _ in failed])
         except (KeyError, ValueError):
             pass
-        for p in pending:
+        for _, p in failed:
             resolve(p, error=error)
 
     def _fail_all(self, error: BaseException) -> None:
-        with self._cv:
-            pending, self._pending = list(self._pending.values()), {}
-            self._inbox, self._aborts = OrderedDict(), []
-        for p in pending:
+        for p in self._inbox.drain():
             resolve(p, error=error)
