@@ -41,6 +41,10 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": EnvVar("0", _flag, "Allow max_model_len above the derived "
                                             "limit, up to the model's position limit."),
     "VLLM_API_KEY": EnvVar(None, _str, "Default for `vllm serve --api-key`."),
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": EnvVar("5", int, "Seconds an idle keep-alive HTTP "
+                                           "connection stays open (uvicorn's "
+                                           "timeout_keep_alive, as upstream); default for "
+                                           "`vllm serve --timeout-keep-alive`."),
     "VLLM_CONFIGURE_LOGGING": EnvVar("1", _flag, "0: leave the `vllm` logger unconfigured."),
     "VLLM_LOGGING_LEVEL": EnvVar("INFO", lambda v: v.strip().upper() or "INFO",
                                  "Level of the `vllm` logger."),

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
+from vllm import envs
 from vllm.engine.async_llm import AsyncLLM
 from vllm.entrypoints.openai import (serving_invocations, serving_models, serving_pooling,
                                      serving_score, serving_tokens)
@@ -152,10 +153,14 @@ def _http_protocol() -> type:
 
 
 def make_server(app: FastAPI, args: Any) -> uvicorn.Server:
+    keep_alive = getattr(args, "timeout_keep_alive", None)  # the flag, else the variable
+    if keep_alive is None:
+        keep_alive = envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
     config = uvicorn.Config(
         app, log_level=getattr(args, "uvicorn_log_level", "info"),
         access_log=not getattr(args, "disable_uvicorn_access_log", False),
-        timeout_keep_alive=5, timeout_graceful_shutdown=30, http=_http_protocol(),
+        timeout_keep_alive=int(keep_alive), timeout_graceful_shutdown=30,
+        http=_http_protocol(),
         root_path=getattr(args, "root_path", None) or "",
         ssl_keyfile=getattr(args, "ssl_keyfile", None),
         ssl_certfile=getattr(args, "ssl_certfile", None),

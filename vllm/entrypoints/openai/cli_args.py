@@ -115,6 +115,11 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--body-read-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="A request body that has not fully arrived after this long is "
                         "answered 408 (default 30).")
+    server.add_argument("--timeout-keep-alive", type=int,
+                        default=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE, metavar="SECONDS",
+                        help="Seconds an idle keep-alive connection stays open (default: the "
+                        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE environment variable, else 5). Behind a "
+                        "load balancer, set it above the balancer's idle timeout.")
     server.add_argument("--allowed-origins", type=json.loads, default=["*"], metavar="JSON",
                         help='CORS: allowed origins, a JSON list (default ["*"]).')
     server.add_argument("--allowed-methods", type=json.loads, default=["*"], metavar="JSON",

@@ -5,6 +5,11 @@ for), the API key, metrics, then `RequestEdge`: one trailing slash dropped (neve
 redirect to a client-chosen Host), a route the model cannot serve answered 404 before its
 body is read, a POST body that is not JSON refused, and the body read under a size limit
 (413) and a deadline (408), then replayed to the app.
+
+A body over the limit is answered 413 the moment that shows: from `Content-Length`, before
+any of the body is read, or when a chunked body crosses the limit; the connection then
+closes (a 413 or a 408 leaves the request's remaining bytes unread, so the connection cannot
+serve another request).
 """
 from __future__ import annotations
 
@@ -19,21 +24,26 @@ from vllm.entrypoints.openai.errors import error_bytes
 UNAUTHENTICATED_PATHS = frozenset({"/health", "/metrics"})
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_BODY_READ_TIMEOUT_S = 30.0
-# A body over the limit is read and dropped (so the client, still sending, sees the 413
-# instead of a connection reset) up to this many times the limit; past it the connection
-# is closed.
+# After the 413 is sent, what the client is still sending is read and dropped (a lingering
+# close, so that a client that writes its whole body before reading the answer reads the
+# 413 rather than a connection reset) while it keeps arriving: up to DRAIN_FACTOR times the
+# limit in all, with no gap longer than LINGER_S, within the body-read deadline. Then the
+# connection is closed.
 DRAIN_FACTOR = 4
+LINGER_S = 2.0
 
 
 async def send_error(send: Callable, status: int, message: str,
                      headers: Optional[list[tuple[bytes, bytes]]] = None,
-                     param: Optional[str] = None) -> None:
+                     param: Optional[str] = None, more_body: bool = False) -> None:
+    """The error JSON envelope as the whole response; with `more_body` the response is
+    left open (all its bytes sent) until an empty `http.response.body` ends it."""
     body = error_bytes(status, message, param)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
                             *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
 def _header(scope: dict, name: bytes) -> Optional[bytes]:
@@ -94,8 +104,12 @@ class RequestEdge:
         if declared is not None and not declared.strip().isdigit():
             await send_error(send, 400, "The Content-Length header is not a number.")
             return
+        deadline = time.monotonic() + self.timeout_s
+        if declared is not None and int(declared) > self.max_bytes:
+            await self._refuse_too_large(receive, send, deadline, 0)
+            return
         try:
-            read = await self._read(receive, int(declared) if declared else None)
+            read = await self._read(receive, deadline)
         except _BodyTimeout:
             await send_error(send, 408, f"The request body did not arrive within "
                              f"{self.timeout_s:g} s (--body-read-timeout).",
@@ -103,10 +117,9 @@ class RequestEdge:
             return
         if read is None:  # the client disconnected while sending
             return
-        body, too_large = read
-        if too_large:
-            await send_error(send, 413, f"The request body is larger than the server's limit "
-                             f"of {self.max_bytes} bytes (--max-request-body-bytes).")
+        body, received = read
+        if received > self.max_bytes:
+            await self._refuse_too_large(receive, send, deadline, received)
             return
         replayed = False
 
@@ -119,34 +132,52 @@ class RequestEdge:
         await self.app(scope, replay, send)
 
     async def _read(self, receive: Callable,
-                    declared: Optional[int]) -> Optional[tuple[bytes, bool]]:
-        """(the body, whether it is over the limit); None when the client went away. A
-        body over the limit is drained (read and dropped, up to DRAIN_FACTOR times the
-        limit), so that the client, still sending, reads the 413 rather than a reset."""
-        deadline = time.monotonic() + self.timeout_s
+                    deadline: float) -> Optional[tuple[bytes, int]]:
+        """(the body, the bytes received); None when the client went away. Reading stops
+        as soon as the body crosses the limit (the bytes received are then over it)."""
         chunks: list[bytes] = []
-        total = 0
-        too_large = declared is not None and declared > self.max_bytes
+        received = 0
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            message = await _receive_within(receive, deadline - time.monotonic())
+            if message is None:
                 raise _BodyTimeout()
-            try:
-                message = await asyncio.wait_for(receive(), left)
-            except asyncio.TimeoutError:
-                raise _BodyTimeout() from None
             if message["type"] != "http.request":
                 return None
             chunk = message.get("body", b"")
-            total += len(chunk)
-            too_large = too_large or total > self.max_bytes
-            if not too_large:
-                chunks.append(chunk)
-            elif total > DRAIN_FACTOR * self.max_bytes:
-                break  # stop draining: the connection closes after the 413
+            received += len(chunk)
+            if received > self.max_bytes:
+                return b"", received
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), received
+
+    async def _refuse_too_large(self, receive: Callable, send: Callable, deadline: float,
+                                received: int) -> None:
+        """The 413 at once, then a lingering close (see LINGER_S): its bytes are all sent
+        before the rest of the body is drained; ending the response closes the
+        connection."""
+        await send_error(send, 413, f"The request body is larger than the server's limit of "
+                         f"{self.max_bytes} bytes (--max-request-body-bytes).",
+                         [(b"connection", b"close")], more_body=True)
+        while received <= DRAIN_FACTOR * self.max_bytes:
+            left = min(LINGER_S, deadline - time.monotonic())
+            message = await _receive_within(receive, left)
+            if message is None or message["type"] != "http.request":
+                break
+            received += len(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        return b"".join(chunks), too_large
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _receive_within(receive: Callable, seconds: float) -> Optional[dict]:
+    """The next ASGI message, or None when none arrived within `seconds`."""
+    if seconds <= 0:
+        return None
+    try:
+        return await asyncio.wait_for(receive(), seconds)
+    except asyncio.TimeoutError:
+        return None
 
 
 def _without_trailing_slash(scope: dict) -> dict:
