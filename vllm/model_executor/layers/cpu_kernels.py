@@ -156,17 +156,22 @@ def rms_norm_kernel() -> Optional[Callable]:
     return functools.partial(rms_norm, lib)
 
 
-def skinny_gemm_kernel() -> Optional[Callable]:
+# Builds whose few-row kernel the engine runs: it beat oneDNN there (bench_projections.py).
+# Every build that has the kernel is tested for correctness (`engine=False`).
+SKINNY_GEMM_ENGINE_ISAS = ("avx2", "avx512")
+
+
+def skinny_gemm_kernel(engine: bool = True) -> Optional[Callable]:
     """`f(x, weight_ptr, n, k, kp, nb, bias, mode, other) -> out` for a few float32 rows
     against a oneDNN-packed weight (csrc/skinny_gemm.cpp; `f.tile_width`: the block widths
-    it takes are multiples of it), or None where the library is missing or not an AVX2
-    build: the kernel beat oneDNN on AVX2; on AVX-512 it compiles but was never measured,
-    so oneDNN keeps those rows there."""
+    it takes are multiples of it), or None where the library is missing, or (`engine`)
+    where the build's ISA is not one the engine runs it on (SKINNY_GEMM_ENGINE_ISAS)."""
     lib = library()
     isa = None if lib is None else lib.vllm_kernels_isa().decode()
-    if isa != "avx2":
+    if lib is None or isa == "none" or (engine and isa not in SKINNY_GEMM_ENGINE_ISAS):
         _status["skinny_gemm"] = _status["library"] if lib is None else \
-            f"unused on {isa} builds (measured only against AVX2 oneDNN)"
+            f"unused on {isa} builds (measured faster than oneDNN only on " \
+            f"{', '.join(SKINNY_GEMM_ENGINE_ISAS)})"
         return None
     _status["skinny_gemm"] = _status["library"]
     from vllm.model_executor.layers.cpu_kernel_calls import skinny_gemm

@@ -13,7 +13,7 @@ separate element-wise ops; cuBLAS on CUDA).
 oneDNN's blocked layout, which oneDNN otherwise rebuilds from the plain [out, in] weight on
 every call: that was 37% of a 9-token projection's time and 5-8% of an 1800-token one.
 A layer nobody bound runs `TORCH`, so a model built by hand still computes correctly.
-Where the platform offers it (float32, AVX2), a packed layer also gets a `SkinnyWeight`: a
+Where the platform offers it (float32, AVX2 or AVX-512), a packed layer also gets a `SkinnyWeight`: a
 call of at most `skinny_gemm.MAX_ROWS` rows runs that C++ kernel over the same packed weight.
 """
 from __future__ import annotations

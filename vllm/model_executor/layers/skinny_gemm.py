@@ -9,8 +9,10 @@ new row count (~5 ms for MiniLM's four shapes), which a server meets on nearly e
 with row counts never seen before the kernel was 1.31x oneDNN at 17-113 rows, 1.24x at
 64-160 and even at 128-224; with cached primitives the two were within 1-3% from 24 to 256
 rows. So a layer keeps one weight and runs `SkinnyWeight` up to `MAX_ROWS` rows and oneDNN
-above, where its cache blocking matters (the kernel re-reads x once per 16 columns). Only
-AVX2 builds use it: on AVX-512 it compiles but has not been measured against oneDNN.
+above, where its cache blocking matters (the kernel re-reads x once per 16 columns). The
+AVX-512 build (16 lanes: 12 rows x 32 columns of accumulators) was first measured on a
+2-core Xeon with AVX-512 (session 11, benchmarks/README.md): 1.07-1.53x oneDNN with cached
+row counts and 1.35-2.7x with new ones at 1-64 rows, so both builds use it.
 
 The kernel reads oneDNN's blocked layout, which oneDNN does not promise: `packed_layout`
 packs the row and the column index of every element of a weight of the same shape and
