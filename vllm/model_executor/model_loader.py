@@ -58,7 +58,7 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
         dense = [DenseLayer(s) for s in mc.st_config.dense] \
             if (mc.st_config is not None and mc.convert == "embed") else []
     model = PoolingModel(backbone, head, dense)
-    _load(mc, model, str(platform.device))
+    _load(mc, model, str(platform.device), names)
     for layer in dense:
         layer.load()
     model.to(dtype=mc.dtype).eval()
@@ -135,11 +135,38 @@ def _build_head(mc: ModelConfig, cls, names: set[str]) -> Optional[nn.Module]:
     return None
 
 
-def _load(mc: ModelConfig, model: PoolingModel, device: str) -> None:
+def _tie_plan(mc: ModelConfig, backbone: nn.Module,
+              names: set[str]) -> tuple[dict[str, str], dict[str, list[str]], set[str]]:
+    """Tied weights, resolved as Transformers' `tie_weights` does on load. A model class's
+    `tied_weights` maps a tied name to the name it is tied to (Transformers'
+    `_tied_weights_keys`, in the backbone's namespace: prefix stripped). A checkpoint may
+    hold either name of a pair, or both: when both, each keeps its own value (Transformers
+    ties them only when they are equal); when one, it also fills the other, but only
+    under `tie_word_embeddings` (Transformers ties nothing without it).
+
+    Returns (the ties in force, fills: checkpoint name -> the backbone parameters it
+    fills, drops: tied names with no parameter here, as the model uses the other one)."""
+    ties: dict[str, str] = getattr(backbone, "tied_weights", {})
+    params = set(dict(backbone.named_parameters()))
+    drops = {name for pair in ties.items() for name in pair} - params
+    if not getattr(mc.hf_config, "tie_word_embeddings", True):
+        ties = {}
+    prefix = backbone.weight_prefix
+    present = {n[len(prefix):] if n.startswith(prefix) else n for n in names}
+    fills: dict[str, list[str]] = {}
+    for a, b in ties.items():
+        for target, source in ((a, b), (b, a)):
+            if target in params and target not in present and source in present:
+                fills.setdefault(source, []).append(target)
+    return ties, fills, drops
+
+
+def _load(mc: ModelConfig, model: PoolingModel, device: str, names: set[str]) -> None:
     backbone, head = model.model, model.head
     head_params = dict(head.named_parameters()) if head is not None else {}
     from_token = getattr(mc.hf_config, "classifier_from_token", None)
     prefix = backbone.weight_prefix
+    ties, fills, drops = _tie_plan(mc, backbone, names)
     loaded_head: set[str] = set()
     lm_head: Optional[torch.Tensor] = None
 
@@ -154,15 +181,17 @@ def _load(mc: ModelConfig, model: PoolingModel, device: str) -> None:
                 continue
             if stripped == "lm_head.weight" or name == "lm_head.weight":
                 lm_head = tensor
-            if backbone.skip_weight(stripped) or (head is None and stripped.startswith(
-                    _HEAD_PREFIXES)):
-                continue  # unused buffers, or the task head of a checkpoint served as embed
+            for target in fills.get(stripped, ()):
+                yield target, tensor
+            if stripped in drops or backbone.skip_weight(stripped) or (
+                    head is None and stripped.startswith(_HEAD_PREFIXES)):
+                continue  # unused tied names or buffers, or a task head served as embed
             yield stripped, tensor
 
     loaded = backbone.load_weights(backbone_weights())
     missing = set(dict(backbone.named_parameters())) - loaded
-    if "embed_tokens.weight" in loaded and lm_head is None:
-        lm_head = backbone.embed_tokens.weight.data
+    if lm_head is None and ties.get("lm_head.weight") in loaded:
+        lm_head = backbone.get_parameter(ties["lm_head.weight"]).data
     if missing:
         raise ValueError(f"Checkpoint {mc.path} is missing weights for: {sorted(missing)[:8]}")
     if head is None:

@@ -108,6 +108,9 @@ class DecoderModel(nn.Module):
     qkv_bias = False
     qk_norm = False
     weight_prefix = "model."
+    # Transformers' *ForCausalLM tie (`model_loader._tie_plan`): a checkpoint may hold only
+    # lm_head; `classifier_from_token` reads lm_head rows, taken from embed_tokens if absent.
+    tied_weights = {"lm_head.weight": "embed_tokens.weight"}
 
     def __init__(self, config) -> None:
         super().__init__()

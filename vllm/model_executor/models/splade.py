@@ -2,23 +2,19 @@
 
 The embedding of a prompt is one weight per vocabulary entry: the MLM logits of every
 token, saturated as log(1 + relu(logit)), then reduced over the tokens (max, SPLADE v2 and
-later; or sum). The MLM decoder is usually tied to the word embeddings, and Transformers
-then saves no decoder weight: it is taken from the word embeddings.
+later; or sum). The MLM decoder is tied to the word embeddings, and its bias to
+`cls.predictions.bias` (`tied_weights`): a checkpoint holds either name of each pair, or both.
 
 Settings come from the sentence-transformers SpladePooling module when the checkpoint has
 one (`splade_pooling`, `splade_activation`, copied onto the HF config at start-up).
 """
 from __future__ import annotations
 
-from typing import Iterable
-
 import torch
 from torch import nn
 
 from vllm.model_executor.models.bert import BertModel, get_activation
 from vllm.model_executor.layers.linear import linear
-
-_DECODER = "cls.predictions.decoder.weight"
 
 
 class _Transform(nn.Module):
@@ -37,11 +33,10 @@ class _Predictions(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.transform = _Transform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(x)) + self.bias
+        return self.decoder(self.transform(x))
 
 
 class _MLMHead(nn.Module):
@@ -55,6 +50,9 @@ class BertSpladeSparseEmbeddingModel(BertModel):
     final hidden states into its vocabulary-size SPLADE vector."""
 
     default_pooling_type = "SPLADE"
+    # Transformers' BertForMaskedLM ties; the decoder's own bias is the one its forward uses.
+    tied_weights = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+                    "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -70,14 +68,6 @@ class BertSpladeSparseEmbeddingModel(BertModel):
     def skip_weight(name: str) -> bool:
         return name.endswith("position_ids") or name.startswith(("pooler.",
                                                                   "cls.seq_relationship."))
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = super().load_weights(weights)
-        if _DECODER not in loaded:  # tied to the word embeddings (Transformers' default)
-            self.cls.predictions.decoder.weight.data.copy_(
-                self.embeddings.word_embeddings.weight.data)
-            loaded.add(_DECODER)
-        return loaded
 
     def sparse_pool(self, rows: torch.Tensor) -> torch.Tensor:
         """[n, H] final hidden states of one prompt -> [vocab] SPLADE weights."""
