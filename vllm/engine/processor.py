@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -65,6 +66,17 @@ def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
 TRUNCATION_SIDES = ("left", "right")
 
 
+def cut_ids(seq: list, k: int, side: str) -> list:
+    """`seq` cut to `k` items at `side`: "left" keeps the last k, "right" the first k."""
+    return seq[-k:] if side == "left" else seq[:k]
+
+
+class TokenCap(int):
+    """A truncation length that is a per-text cap (max_tokens_per_query / max_tokens_per_doc
+    on an embedding model, special tokens not counted): always the tokenizer's own cut,
+    which keeps the special tokens, whatever the side."""
+
+
 class InputProcessor:
     """The one place where a text becomes token ids and where truncation is validated
     (`check_truncation`, `check_side`); `LLM` and the server both come through here."""
@@ -118,8 +130,12 @@ class InputProcessor:
                 truncate_prompt_tokens: Optional[int] = None, side: Optional[str] = None,
                 strategy: Union[bool, str] = True, **kwargs: Any):
         """The tokenizer call, cutting at `side` (else the default side)."""
-        k = self.check_truncation(truncate_prompt_tokens)
-        trunc = {} if k is None else {"truncation": strategy, "max_length": k}
+        return self._call(text, pair, self.check_truncation(truncate_prompt_tokens), side,
+                          strategy, **kwargs)
+
+    def _call(self, text: Union[str, list[str]], pair: Optional[str], max_length: Optional[int],
+              side: Optional[str], strategy: Union[bool, str] = True, **kwargs: Any):
+        trunc = {} if max_length is None else {"truncation": strategy, "max_length": max_length}
         side = self.check_side(side) or self.default_side
         tok = self.tokenizer
         own = tok.truncation_side
@@ -134,6 +150,51 @@ class InputProcessor:
         finally:
             tok.truncation_side = own
 
+    def id_cut(self, k: Optional[int], side: Optional[str]) -> Optional[str]:
+        """The side at which a text's token ids are cut to `k` after tokenizing it whole
+        (upstream's cut for an explicit side: special tokens are ids like the others, so
+        "left" drops the leading [CLS], "right" the trailing [SEP]), when a side is given (by
+        the request or as the server's default) and `k` is set; None when the tokenizer
+        makes its own cut (no side given, or a `TokenCap`) or none is made."""
+        side = self.check_side(side) or self.default_side
+        return None if k is None or side is None or isinstance(k, TokenCap) else side
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
+
+    def _pretrim(self, text: str, side: str) -> str:
+        """A text to be cut at `side` after tokenizing it whole, first cut there to the
+        characters `max_model_len` tokens can span (as upstream), so that an overlong text
+        costs no more to tokenize than the longest one a model can take."""
+        limit = self.mc.max_model_len * self.max_chars_per_token
+        if len(text) <= limit:
+            return text
+        check_text(text)
+        return text[-limit:] if side == "left" else text[:limit]
+
+    def _encode_cut(self, text: Union[str, list[str]], k: Optional[int], side: Optional[str],
+                    **kwargs: Any):
+        """The tokenizer call for one text or a batch truncated to `k` tokens at `side`: the
+        tokenizer's own cut, or (`id_cut`) the whole text, returned with the side at which
+        its ids are still to be cut."""
+        cut = self.id_cut(k, side)
+        if cut is None:
+            return self._call(text, None, k, side, **kwargs), None
+        text = [self._pretrim(t, cut) for t in text] if isinstance(text, list) else \
+            self._pretrim(text, cut)
+        return self._call(text, None, None, None, **kwargs), cut
+
+    def _prompt(self, ids: list[int], types: Optional[list[int]], k: Optional[int],
+                cut: Optional[str]) -> TokenizedPrompt:
+        """The ids (and token types, cut alike) as a prompt, cut at `cut` when given."""
+        ids, types = list(ids), None if types is None else list(types)
+        if cut is not None:
+            ids, types = cut_ids(ids, k, cut), None if types is None else cut_ids(types, k, cut)
+        out = TokenizedPrompt(ids, types)
+        self.check(out)
+        return out
+
     def check_cap(self, max_tokens: int, name: str) -> int:
         """A per-text token cap (max_tokens_per_query / max_tokens_per_doc): 0 = none."""
         if max_tokens < 0 or max_tokens > self.mc.max_model_len:
@@ -144,13 +205,16 @@ class InputProcessor:
     def cap_as_truncation(self, max_tokens: int,
                           truncate_prompt_tokens: Optional[int]) -> Optional[int]:
         """A text embedded alone and capped at `max_tokens` tokens (special tokens not
-        counted) is a truncation to `max_tokens` + its special tokens."""
+        counted) is the tokenizer's cut to `max_tokens` + its special tokens (a `TokenCap`,
+        special tokens kept at any side). With a smaller `truncate_prompt_tokens` k, cutting
+        the capped ids to k at a side cuts the same ids as cutting the whole text's, so it
+        is k."""
         k = self.check_truncation(truncate_prompt_tokens)
         if not max_tokens:
             return k
         capped = min(max_tokens + self.tokenizer.num_special_tokens_to_add(pair=False),
                      self.mc.max_model_len)
-        return capped if k is None else min(k, capped)
+        return TokenCap(capped) if k is None or capped <= k else k
 
     def num_tokens(self, text: str) -> int:
         return len(self.tokenizer(self._text(text), add_special_tokens=False)["input_ids"])
@@ -235,18 +299,15 @@ class InputProcessor:
             else:
                 raise ValueError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key.")
         if isinstance(prompt, str):
-            enc = self.encode(prompt, None, k, side, add_special_tokens=add_special_tokens)
-            out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
+            enc, cut = self._encode_cut(prompt, k, side, add_special_tokens=add_special_tokens)
+            out = self._prompt(enc["input_ids"], self._types(enc), k, cut)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-            if k is not None:  # token ids keep their last k unless told "right", as upstream
-                ids = ids[:k] if side == "right" else ids[-k:]
-            out = TokenizedPrompt(ids)
+            # token ids keep their last k unless told "right", as upstream
+            out = self._prompt(prompt, None, k, None if k is None else side or "left")
         else:
             raise ValueError(f"A prompt must be a str, a list of token ids or a dict; got "
                              f"{type(prompt).__name__}.")
         out.cache_salt = salt
-        self.check(out)
         return out
 
     def tokenize_many(self, prompts: list[PromptType],
@@ -256,13 +317,12 @@ class InputProcessor:
         texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         out: list[Optional[TokenizedPrompt]] = [None] * len(prompts)
         if len(texts) > 1:
-            enc = self.encode([prompts[i] for i in texts], None, truncate_prompt_tokens,
-                               truncation_side)
+            k = self.check_truncation(truncate_prompt_tokens)
+            enc, cut = self._encode_cut([prompts[i] for i in texts], k, truncation_side)
             types = enc.get("token_type_ids") if self.mc.uses_token_type_ids else None
             for j, i in enumerate(texts):
-                out[i] = TokenizedPrompt(list(enc["input_ids"][j]),
-                                         list(types[j]) if types is not None else None)
-                self.check(out[i])
+                out[i] = self._prompt(enc["input_ids"][j],
+                                      types[j] if types is not None else None, k, cut)
         for i, p in enumerate(prompts):
             if out[i] is None:
                 out[i] = self.tokenize_prompt(p, truncate_prompt_tokens,
@@ -274,10 +334,12 @@ class InputProcessor:
         """Tokenize texts in one batch call per truncation setting; a text the tokenizer or
         the length check refuses gets its ValueError in its place, the others are kept."""
         out: list[Union[TokenizedPrompt, ValueError, None]] = [None] * len(prompts)
-        groups: dict[tuple[Optional[int], Optional[str]], list[int]] = {}
-        for i, p in enumerate(prompts):
-            groups.setdefault((p.truncate_prompt_tokens, p.truncation_side), []).append(i)
-        for (truncate, side), idx in groups.items():
+        groups: dict[tuple[Optional[int], bool, Optional[str]], list[int]] = {}
+        for i, p in enumerate(prompts):  # a TokenCap equals its int, but cuts otherwise
+            key = (p.truncate_prompt_tokens, isinstance(p.truncate_prompt_tokens, TokenCap),
+                   p.truncation_side)
+            groups.setdefault(key, []).append(i)
+        for (truncate, _, side), idx in groups.items():
             try:
                 done = self.tokenize_many([prompts[i].text for i in idx], truncate, side)
             except Exception:  # find the culprit(s): one text at a time
@@ -302,20 +364,23 @@ class InputProcessor:
                       truncate_prompt_tokens: Optional[int] = None,
                       truncation_side: Optional[str] = None,
                       max_tokens_2: int = 0) -> TokenizedPrompt:
-        """A cross-encoder pair in the tokenizer's own pair form (truncation
-        longest_first, as upstream); `max_tokens_2` caps the second text's tokens
-        (only_second, as upstream's max_tokens_per_doc)."""
+        """A cross-encoder pair in the tokenizer's own pair form; `max_tokens_2` caps the
+        second text's tokens (only_second at the side, as upstream's max_tokens_per_doc).
+        `truncate_prompt_tokens` is the tokenizer's longest_first cut when no side is given;
+        with a side (`id_cut`), the pair's ids and token types (capped, else whole) are cut
+        at that side, as upstream."""
         strategy: Union[bool, str] = True
+        k = self.check_truncation(truncate_prompt_tokens)
+        cut = self.id_cut(k, truncation_side)
+        length = None if cut else k
         if max_tokens_2 and self.num_tokens(text_2) > max_tokens_2:
-            length = self.num_tokens(text_1) + max_tokens_2 + \
+            capped = self.num_tokens(text_1) + max_tokens_2 + \
                 self.tokenizer.num_special_tokens_to_add(pair=True)
-            k = self.check_truncation(truncate_prompt_tokens)
-            truncate_prompt_tokens = min(length, k or length, self.mc.max_model_len)
+            # the id cut (k <= max_model_len) comes after: the cap alone is the doc's cut
+            length = capped if cut else min(capped, length or capped, self.mc.max_model_len)
             strategy = "only_second"
-        enc = self.encode(text_1, text_2, truncate_prompt_tokens, truncation_side, strategy)
-        out = TokenizedPrompt(list(enc["input_ids"]), self._types(enc))
-        self.check(out)
-        return out
+        enc = self._call(text_1, text_2, length, truncation_side, strategy)
+        return self._prompt(enc["input_ids"], self._types(enc), k, cut)
 
     def _types(self, enc) -> Optional[list[int]]:
         if not self.mc.uses_token_type_ids or "token_type_ids" not in enc:
