@@ -58,13 +58,16 @@ def _export(model_dir: pathlib.Path, path: pathlib.Path) -> None:
 class OnnxEmbedder:
     """`encode(texts)` -> normalised mean-pooled float32 embeddings, through onnxruntime."""
 
-    def __init__(self, model_dir: pathlib.Path, max_length: int, threads: int) -> None:
+    def __init__(self, model_dir: pathlib.Path, max_length: int, threads: int,
+                 path: Optional[pathlib.Path] = None) -> None:
+        """`path`: an ONNX file of the model to run instead of the float32 export."""
         import onnxruntime as ort
         from transformers import AutoTokenizer
         tag = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:10]
-        path = CACHE / f"{model_dir.name}_{tag}.onnx"
+        path = path or CACHE / f"{model_dir.name}_{tag}.onnx"
         if not path.exists():
             _export(model_dir, path)
+        self.path = path
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), options,

@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
 #include <limits>
 
 #if defined(__AVX512F__)
@@ -53,6 +54,13 @@ inline vf select_negative(vf x, vf if_neg, vf if_not) {  // x < 0 ? if_neg : if_
 inline __mmask16 first(int n) {
   return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
+// int32 lanes as floats; v rounded (current mode: nearest even) to int8, saturating.
+inline vf load_i32(const int32_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_loadu_si512(reinterpret_cast<const void*>(p)));
+}
+inline void store_i8(int8_t* p, vf v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
 // The first n lanes of p, `fill` in the others.
 inline vf load_first(const float* p, int n, float fill) {
   return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), first(n), p);
@@ -98,6 +106,14 @@ inline vf copysign(vf mag, vf sign) {  // |mag| with sign's sign bit
 }
 inline vf select_negative(vf x, vf if_neg, vf if_not) {  // x < 0 ? if_neg : if_not
   return _mm256_blendv_ps(if_not, if_neg, _mm256_cmp_ps(x, zero(), _CMP_LT_OQ));
+}
+inline vf load_i32(const int32_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void store_i8(int8_t* p, vf v) {
+  const __m256i i = _mm256_cvtps_epi32(v);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
 }
 inline vf lanes_below(int n) {  // all-ones in lanes < n
   return _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)n),

@@ -15,6 +15,7 @@
 // bias alone: 3 GELU (erf), 4 SiLU, 5 ReLU.
 // A plain C entry point on raw pointers, called through ctypes by
 // vllm/model_executor/layers/skinny_gemm.py.
+#include "epilogue.h"
 #include "simd.h"
 
 #include <omp.h>
@@ -28,11 +29,11 @@ namespace {
 
 using simd::vf;
 using simd::W;
+using namespace epilogue;
 
 constexpr int SW = 2 * W;             // output columns per micro-tile (two vectors)
 constexpr int MR = W == 16 ? 12 : 6;  // rows per micro-tile: 2 * MR accumulators in registers
 constexpr int AHEAD = 32;             // prefetch the weight row this many k ahead
-enum Mode { NONE = 0, ADD = 1, MUL = 2, GELU = 3, SILU = 4, RELU = 5 };
 
 struct Epilogue {
   const float* bias;   // [N] or null
@@ -40,28 +41,6 @@ struct Epilogue {
   int64_t other_row;
   int mode;
 };
-
-inline float scalar_epilogue(float v, int mode, const float* other, int c) {
-  switch (mode) {
-    case ADD: return v + other[c];
-    case MUL: return v * other[c];
-    case GELU: return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
-    case SILU: return v / (1.0f + std::exp(-v));
-    case RELU: return std::max(v, 0.0f);
-    default: return v;
-  }
-}
-
-inline vf vector_epilogue(vf v, int mode, const float* other) {
-  switch (mode) {
-    case ADD: return simd::add(v, simd::load(other));
-    case MUL: return simd::mul(v, simd::load(other));
-    case GELU: return simd::gelu(v);
-    case SILU: return simd::silu(v);
-    case RELU: return simd::max(v, simd::zero());
-    default: return v;
-  }
-}
 
 // dst[0:cols] = epilogue(acc[0:cols] + bias[c0:c0+cols]) for one row of a micro-tile.
 inline void finish(const float* acc, const Epilogue& ep, const float* other, int64_t c0,

@@ -23,6 +23,7 @@ logger = init_logger(__name__)
 
 _TASK_TO_CONVERT = {"embed": "embed", "embedding": "embed", "classify": "classify",
                     "score": "classify", "reward": "reward"}
+QUANTIZATIONS = ("int8",)
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
 _CONVERT_TASKS = {"embed": ("encode", "embed"), "classify": ("encode", "classify"),
@@ -40,6 +41,7 @@ class ModelConfig:
     convert: str = "auto"
     task: Optional[str] = None
     dtype: Union[str, torch.dtype] = "auto"
+    quantization: Optional[str] = None               # "int8": the backbone's projections
     max_model_len: Optional[int] = None
     hf_overrides: Optional[dict[str, Any]] = None
     override_pooler_config: Optional[Union[PoolerConfig, dict]] = None
@@ -71,6 +73,7 @@ class ModelConfig:
             self.verify_dimensions(self.pooler_config.dimensions)
         self.device = self._resolve_device()
         self.dtype = self._resolve_dtype()
+        self._check_quantization()
         self.max_model_len = self._resolve_max_model_len()
         self._check_long_input_settings()
 
@@ -155,6 +158,18 @@ class ModelConfig:
     # ----- dtype / device / lengths -----------------------------------------------------
     def _resolve_device(self) -> str:
         return resolve_device(self.device)
+
+    def _check_quantization(self) -> None:
+        """None or "int8" (float32 activations, on a CPU with int8 dot products)."""
+        if self.quantization is None:
+            return
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r} is not supported; use "
+                             f"{' or '.join(map(repr, QUANTIZATIONS))}, or leave it unset.")
+        if self.dtype != torch.float32:
+            raise ValueError(f"quantization={self.quantization!r} runs float32 activations; "
+                             f"pass dtype='float32' (not {str(self.dtype)[6:]}).")
+        platform_for(self.device).check_quantization(self.quantization)
 
     def _resolve_dtype(self) -> torch.dtype:
         dtype = self.dtype

@@ -26,7 +26,7 @@ IGNORED_ARGS = (
 # name -> the value that means "off".
 UNSUPPORTED_ARGS: dict[str, Any] = {
     "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
-    "quantization": None, "enable_lora": False, "speculative_config": None,
+    "enable_lora": False, "speculative_config": None,
     "max_lora_rank": None, "enable_expert_parallel": False, "limit_mm_per_prompt": None,
     "rope_scaling": None, "rope_theta": None,
 }
@@ -40,6 +40,7 @@ class EngineArgs:
     convert: str = "auto"
     task: Optional[str] = None
     dtype: str = "auto"
+    quantization: Optional[str] = None
     max_model_len: Optional[int] = None
     hf_overrides: Optional[dict[str, Any]] = None
     override_pooler_config: Optional[Union[PoolerConfig, dict]] = None
@@ -85,6 +86,7 @@ class EngineArgs:
         model_config = ModelConfig(
             model=self.model, tokenizer=self.tokenizer, runner=self.runner,
             convert=self.convert, task=self.task, dtype=self.dtype,
+            quantization=self.quantization,
             max_model_len=self.max_model_len, hf_overrides=self.hf_overrides,
             override_pooler_config=self.override_pooler_config,
             trust_remote_code=self.trust_remote_code, revision=self.revision,

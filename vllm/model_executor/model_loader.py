@@ -63,7 +63,7 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
         layer.load()
     model.to(dtype=mc.dtype).eval()
     model.requires_grad_(False)
-    bind_ops(model, platform, mc.dtype)
+    bind_ops(model, platform, mc.dtype, mc.quantization)
     logger.info("Loaded %s (%s backbone, head: %s) in %s on %s", mc.architecture,
                 cls.__name__, type(head).__name__ if head is not None else "none",
                 str(mc.dtype).replace("torch.", ""), mc.device)
@@ -96,10 +96,17 @@ def _keep(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     return tensor
 
 
-def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype) -> None:
-    """Bind every op of a loaded model to the implementation `platform` chose (logged)."""
+def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype,
+             quantization: Optional[str] = None) -> None:
+    """Bind every op of a loaded model to the implementation `platform` chose (logged).
+    `quantization="int8"`: the backbone's projections first, to int8 (heads stay float)."""
+    count = 0
+    if quantization == "int8":
+        count = bind_linear(model.model, platform.int8_gemm())
+        logger.info("Linear layers: %d backbone projections in int8; heads, embeddings, "
+                    "norms and attention in float32.", count)
     gemm = GEMMS[platform.linear_impl(dtype)]
-    packed = bind_linear(model, gemm, platform.skinny_gemm(dtype))
+    packed = bind_linear(model, gemm, platform.skinny_gemm(dtype)) - count  # int8 kept
     if packed:
         few = sum(m.skinny is not None for m in model.modules() if isinstance(m, Linear))
         logger.info("Linear layers: %d weights packed once for %s%s.", packed, gemm.name,

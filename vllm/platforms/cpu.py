@@ -28,6 +28,8 @@ from vllm.platforms.process import SHAPE_CACHE_ENVS
 logger = init_logger(__name__)
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# /proc/cpuinfo flag -> name, for the CPUs `quantization="int8"` runs on
+INT8_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX-INT8"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,6 +119,28 @@ class CpuPlatform(Platform):
     def linear_impl(self, dtype: torch.dtype) -> str:
         from vllm.model_executor.layers.linear import onednn_linear_ok
         return "onednn" if envs.VLLM_CPU_ONEDNN_LINEAR and onednn_linear_ok(dtype) else "torch"
+
+    def check_quantization(self, method: str) -> None:
+        """int8 needs int8 dot products in hardware (VNNI or AMX-INT8): without them an int8
+        GEMM is slower than float32, so it is refused rather than run."""
+        from vllm.model_executor.layers.cpu_kernels import cpu_flags
+        have = cpu_flags() & set(INT8_FLAGS)
+        if not have:
+            raise ValueError(
+                f"quantization={method!r} needs a CPU with int8 dot-product instructions "
+                f"({', '.join(INT8_FLAGS.values())}); this CPU has none of them. Leave "
+                "quantization unset to run float32.")
+
+    def int8_gemm(self):
+        from vllm.model_executor.layers.cpu_kernels import cpu_flags, int8_kernels, \
+            kernel_status
+        from vllm.model_executor.layers.int8_linear import Int8Gemm
+        kernels = int8_kernels()
+        logger.info("int8 projections: oneDNN int8 GEMM (%s), per-token quantization %s",
+                    ", ".join(INT8_FLAGS[f] for f in sorted(cpu_flags() & set(INT8_FLAGS))),
+                    "in C++" if kernels else f"in torch ops (C++ kernel "
+                    f"{kernel_status('int8')})")
+        return Int8Gemm(kernels)
 
     def skinny_gemm(self, dtype: torch.dtype) -> Optional[Callable]:
         """float32 on oneDNN: the C++ few-row kernel over oneDNN's packed weights, where it

@@ -44,6 +44,15 @@ class Platform:
         """The dtype `dtype="auto"` runs in, given the checkpoint's (None: not stated)."""
         raise NotImplementedError
 
+    def check_quantization(self, method: str) -> None:
+        """Raise ValueError, saying why, where this device cannot run `method`."""
+        raise ValueError(f"quantization={method!r} runs on the CPU only (this device: "
+                         f"{self.device_type}).")
+
+    def int8_gemm(self):
+        """The GEMM for `quantization="int8"` projections (after `check_quantization`)."""
+        raise NotImplementedError
+
     # ----- process ----------------------------------------------------------------------
     def prepare(self, dtype: torch.dtype) -> None:
         """Once per process and dtype, before the model is built: process settings and the

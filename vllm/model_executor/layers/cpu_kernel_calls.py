@@ -103,3 +103,40 @@ def skinny_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_ptr: int, n: int, k: i
                             mode, out.data_ptr(), n, torch.get_num_threads()):
         raise RuntimeError(f"skinny_gemm: the kernel refused blocks of {nb} columns")
     return out
+
+
+def quantize_rows(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of float32 [M, K] rows (csrc/int8_linear.cpp): (q [M, K] int8,
+    scales [M] float32) with x ~ q * scales[:, None]."""
+    _check(x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1,
+           f"x must be float32 [M, K] with unit column stride; got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8)
+    scales = torch.empty(m, dtype=torch.float32)
+    _check(lib.vllm_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(),
+                                  scales.data_ptr(), torch.get_num_threads()) == 0,
+           "quantize_rows: the kernel library has no SIMD build")
+    return q, scales
+
+
+def dequantize_rows(lib: ctypes.CDLL, acc: torch.Tensor, row_scales: torch.Tensor,
+                    col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
+                    other: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """epilogue(acc * row_scales[:, None] * col_scales + bias) for an int32 [M, N] GEMM
+    result, as float32 [M, N]; mode as skinny_gemm's (1 add / 2 multiply `other`)."""
+    m, n = acc.shape
+    _check(acc.dtype == torch.int32 and acc.is_contiguous(), "acc must be contiguous int32")
+    _check(row_scales.numel() == m and col_scales.numel() == n, "scales do not fit acc")
+    if bias is not None:
+        _check(bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == n,
+               f"bias must be contiguous float32 [{n}]")
+    if other is not None:
+        _check(other.dtype == torch.float32 and other.shape == (m, n) and other.stride(1) == 1,
+               f"other must be float32 [{m}, {n}] with unit column stride")
+    out = torch.empty((m, n), dtype=torch.float32)
+    _check(lib.vllm_dequantize_rows(
+        acc.data_ptr(), m, n, row_scales.data_ptr(), col_scales.data_ptr(),
+        0 if bias is None else bias.data_ptr(), 0 if other is None else other.data_ptr(),
+        0 if other is None else other.stride(0), mode, out.data_ptr(),
+        torch.get_num_threads()) == 0, "dequantize_rows: the kernel library has no SIMD build")
+    return out

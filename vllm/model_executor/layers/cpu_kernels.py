@@ -126,6 +126,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vllm_skinny_gemm.restype = ctypes.c_int
     lib.vllm_skinny_gemm.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR,
                                       _PTR, _I64, ctypes.c_int, _PTR, _I64, ctypes.c_int])
+    lib.vllm_quantize_rows.restype = ctypes.c_int
+    lib.vllm_quantize_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, ctypes.c_int]
+    lib.vllm_dequantize_rows.restype = ctypes.c_int
+    lib.vllm_dequantize_rows.argtypes = ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64,
+                                          ctypes.c_int, _PTR, ctypes.c_int])
     return lib
 
 
@@ -178,6 +183,19 @@ def skinny_gemm_kernel(engine: bool = True) -> Optional[Callable]:
     kernel = functools.partial(skinny_gemm, lib)
     kernel.tile_width = lib.vllm_skinny_gemm_tile_width()
     return kernel
+
+
+def int8_kernels() -> Optional[tuple[Callable, Callable]]:
+    """(quantize_rows, dequantize_rows): the float ends of an int8 projection
+    (csrc/int8_linear.cpp), or None where the library or a SIMD build is missing."""
+    lib = library()
+    if lib is None or lib.vllm_kernels_isa() == b"none":
+        _status["int8"] = _status["library"] if lib is None else \
+            "unavailable (built without AVX2 or AVX-512)"
+        return None
+    _status["int8"] = _status["library"]
+    from vllm.model_executor.layers.cpu_kernel_calls import dequantize_rows, quantize_rows
+    return functools.partial(quantize_rows, lib), functools.partial(dequantize_rows, lib)
 
 
 def kernel_isa() -> Optional[str]:

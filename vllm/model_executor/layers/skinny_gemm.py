@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 MAX_ROWS = 64
 # epilogues: with `other` ("add", "mul"), or an activation of x @ W.T + bias
-_MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
+# csrc/epilogue.h's modes, shared with the int8 projections (layers.int8_linear)
+MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
 ACTIVATIONS = ("gelu", "silu", "relu")
 
 
@@ -119,7 +120,7 @@ class SkinnyWeight:
                  mode: Optional[str] = None,
                  other: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.kernel(x, self.pointer, self.n, self.k, self.kp, self.nb, bias,
-                           _MODES[mode], other)
+                           MODES[mode], other)
 
 
 def skinny_weight(kernel: Callable, packed: torch.Tensor, n: int,

@@ -1,0 +1,136 @@
+"""int8 on the bundled MiniLM: accuracy and speed against ONNX Runtime's dynamic int8.
+
+Four encoders on the same texts, in one process, interleaved (median of `--repeats`), plus
+a first pass over texts none of them has seen: this engine in float32 and with
+`quantization="int8"`, and ONNX Runtime running the same checkpoint exported to ONNX in
+float32 and dynamically quantized to int8 (`onnxruntime.quantization.quantize_dynamic`:
+int8 weights, uint8 activations, what sentence-transformers' `export_dynamic_quantized_
+onnx_model(..., "avx512_vnni")` produces through optimum). Accuracy: each int8 encoder's
+cosine to this engine's float32 embedding, minimum and mean over the texts. The CPU's int8
+peak is measured here (`torch._int_mm` on large square GEMMs, as bench_peak does for
+float) and the int8 engine's projection work per second is put beside it (a lower bound on
+the projections' own rate: the whole run's time counts). Writes results/bench_int8.json.
+
+    python benchmarks/bench_int8.py [--texts 512] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import vllm  # noqa: F401  (before torch loads: vllm.platforms.process)
+import numpy as np
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from common import (block_linear_params, empty_prefix_cache, interleave,  # noqa: E402
+                    machine_info, make_texts, median, minilm_dir, write_json)
+from onnx_baseline import CACHE, OnnxEmbedder, missing  # noqa: E402
+
+MAX_SEQ = 256
+
+
+def int8_peak_gops(size: int = 2048, repeats: int = 5) -> float:
+    """Best rate of torch._int_mm on [size]^3 int8 operands, in GOP/s (2 ops per MAC)."""
+    a = torch.randint(-127, 127, (size, size), dtype=torch.int8)
+    b = torch.randint(-127, 127, (size, size), dtype=torch.int8).t()
+    torch._int_mm(a, b)
+    best = min(interleave({"mm": lambda: torch._int_mm(a, b)}, repeats)["mm"])
+    return 2 * size ** 3 / best / 1e9
+
+
+def onnx_int8(model_dir: pathlib.Path, threads: int) -> OnnxEmbedder:
+    """ONNX Runtime on the dynamically quantized export (made once, cached)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    base = OnnxEmbedder(model_dir, MAX_SEQ, threads)  # exports the float model if needed
+    src = base.path
+    dst = CACHE / (src.stem + "_int8.onnx")
+    if not dst.exists():
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    return OnnxEmbedder(model_dir, MAX_SEQ, threads, path=dst)
+
+
+def cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--texts", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=32, help="ONNX Runtime's batch")
+    args = ap.parse_args()
+    from transformers import AutoModel
+    from vllm import LLM
+    from vllm.model_executor.layers.cpu_kernels import cpu_flags
+    from vllm.platforms.cpu import INT8_FLAGS
+    if not cpu_flags() & set(INT8_FLAGS):
+        print("skip: the CPU has no VNNI / AMX-INT8")
+        write_json("bench_int8", {"skipped": "no int8 dot products on this CPU"})
+        return
+    model_dir = minilm_dir()
+    threads = torch.get_num_threads()
+    texts = make_texts(args.texts, 8, 200, seed=0)
+    fresh = make_texts(args.texts, 8, 200, seed=1)
+    engines = {"vllm float32": LLM(str(model_dir)),
+               "vllm int8": LLM(str(model_dir), quantization="int8")}
+    encoders = {name: (lambda batch, llm=llm: np.array(
+        [o.outputs.embedding for o in llm.embed(batch, use_tqdm=False)]))
+        for name, llm in engines.items()}
+    if missing():
+        print(f"onnxruntime baselines skipped: no {missing()} (pip install -e .[bench])")
+    else:
+        for name, ort in (("onnxruntime float32", OnnxEmbedder(model_dir, MAX_SEQ, threads)),
+                          ("onnxruntime int8", onnx_int8(model_dir, threads))):
+            encoders[name] = lambda batch, ort=ort: ort.encode(batch, args.batch_size)
+
+    def run(name, batch):
+        if name in engines:
+            empty_prefix_cache(engines[name])
+        return encoders[name](batch)
+
+    first = interleave({name: (lambda n=name: run(n, fresh)) for name in encoders}, 1)
+    ref = run("vllm float32", texts)
+    accuracy = {name: cosines(run(name, texts), ref) for name in encoders}
+    times = interleave({name: (lambda n=name: run(n, texts)) for name in encoders},
+                       args.repeats)
+    tok = engines["vllm float32"].get_tokenizer()
+    n_tok = sum(len(ids) for ids in tok(texts, truncation=True, max_length=MAX_SEQ)["input_ids"])
+    bert = AutoModel.from_pretrained(str(model_dir))
+    proj_ops = 2 * block_linear_params(bert.encoder) * n_tok
+    peak = int8_peak_gops()
+    rows = {}
+    for name in encoders:
+        sec = median(times[name])
+        rows[name] = {"texts_per_s": len(texts) / sec,
+                      "first_pass_texts_per_s": len(fresh) / first[name][0],
+                      "min_cosine_vs_float32": float(accuracy[name].min()),
+                      "mean_cosine_vs_float32": float(accuracy[name].mean())}
+    rows["vllm int8"]["projection_gops_lower_bound"] = \
+        proj_ops / median(times["vllm int8"]) / 1e9
+    print(f"CPU: {machine_info()['processor']}, {threads} threads; int8 flags: "
+          f"{', '.join(INT8_FLAGS[f] for f in sorted(cpu_flags() & set(INT8_FLAGS)))}; "
+          f"int8 peak (torch._int_mm 2048^3) {peak:.0f} GOP/s")
+    print(f"{len(texts)} texts, {n_tok} tokens, {args.repeats} interleaved repeats")
+    print(f"{'encoder':<22} {'texts/s':>8} {'first pass':>11} {'min cos':>9} {'mean cos':>9}")
+    for name, r in rows.items():
+        print(f"{name:<22} {r['texts_per_s']:>8.1f} {r['first_pass_texts_per_s']:>11.1f} "
+              f"{r['min_cosine_vs_float32']:>9.5f} {r['mean_cosine_vs_float32']:>9.5f}")
+    q = rows["vllm int8"]
+    line = (f"int8 / float32: {q['texts_per_s'] / rows['vllm float32']['texts_per_s']:.2f}x; "
+            f"projections >= {q['projection_gops_lower_bound']:.0f} GOP/s "
+            f"({100 * q['projection_gops_lower_bound'] / peak:.0f}% of the int8 peak)")
+    if "onnxruntime int8" in rows:
+        o = rows["onnxruntime int8"]
+        line += (f"; vs onnxruntime int8 {q['texts_per_s'] / o['texts_per_s']:.2f}x "
+                 f"(first pass {q['first_pass_texts_per_s'] / o['first_pass_texts_per_s']:.2f}x)")
+    print(line)
+    write_json("bench_int8", {"machine": machine_info(), "texts": len(texts), "tokens": n_tok,
+                              "repeats": args.repeats, "int8_peak_gops": peak, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

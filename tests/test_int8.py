@@ -1,0 +1,154 @@
+"""quantization="int8": per-token activations x per-channel weights on torch._int_mm, with
+the C++ ends (csrc/int8_linear.cpp) equal to their torch form, every GEMM entry point exact
+against the same quantized values in float64, models within cosine 0.99 of float32, and a
+CPU without int8 dot products refused with a clear error."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm.model_executor.layers import cpu_kernels
+from vllm.model_executor.layers import int8_linear as i8
+from vllm.platforms.cpu import INT8_FLAGS
+
+HAS_INT8_DOT = bool(cpu_kernels.cpu_flags() & set(INT8_FLAGS))
+needs_int8_dot = pytest.mark.skipif(not HAS_INT8_DOT, reason="the CPU has no VNNI / AMX-INT8")
+SIMD = {"avx512f"} <= cpu_kernels.cpu_flags() or {"avx2", "fma"} <= cpu_kernels.cpu_flags()
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The C++ ends of this build; a missing build fails (it is built at install)."""
+    if not SIMD:
+        pytest.skip("the int8 kernels need an AVX2 or AVX-512 CPU")
+    found = cpu_kernels.int8_kernels()
+    assert found is not None, cpu_kernels.kernel_status("int8")
+    return found
+
+
+@pytest.mark.parametrize("m,k", [(1, 384), (7, 40), (33, 1536), (5, 19)])
+def test_quantize_rows_equals_torch(kernels, m, k):
+    g = torch.Generator().manual_seed(m * k)
+    x = torch.randn(m, k + 3, generator=g)[:, 1:k + 1] * 3   # strided rows, as models pass
+    x[-1] = 0.0                                                # a zero row: scale 0, q 0
+    q, s = kernels[0](x)
+    q_ref, s_ref = i8._quantize_torch(x)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert q.dtype == torch.int8 and not q[-1].any() and s[-1] == 0
+    assert (q[:-1].abs().amax(1) == 127).all()
+    assert (q.float() * s[:, None] - x).abs().max() <= s.max() / 2 + 1e-6
+
+
+@pytest.mark.parametrize("mode", list(i8.MODES))
+@pytest.mark.parametrize("n", [1152, 100, 7])
+def test_dequantize_rows_equals_torch(kernels, mode, n):
+    g = torch.Generator().manual_seed(n)
+    m = 9
+    acc = torch.randint(-40000, 40000, (m, n), generator=g, dtype=torch.int32)
+    rs, cs = torch.rand(m, generator=g) * 1e-4, torch.rand(n, generator=g)
+    other = torch.randn(m, n + 2, generator=g)[:, :n]
+    for bias in (torch.randn(n, generator=g), None):
+        got = kernels[1](acc, rs, cs, bias, i8.MODES[mode],
+                         other if mode in ("add", "mul") else None)
+        want = i8._dequantize_torch(acc, rs, cs, bias, i8.MODES[mode], other)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def _exact(x, w: i8.Int8Weight, b):
+    """The same quantized operands in float64: what the int8 path must give to rounding."""
+    q, s = i8._quantize_torch(x.reshape(-1, x.shape[-1]).contiguous())
+    y = (q.double() * s.double()[:, None]) @ (w.q.double() * w.scale.double()[:, None]).t()
+    return y if b is None else y + b.double()
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_every_gemm_entry_point_is_exact_on_the_quantized_values(kernels, use_kernels):
+    gemm = i8.Int8Gemm(kernels if use_kernels else None)
+    g = torch.Generator().manual_seed(1)
+    for rows in (1, 9, 70):
+        x = torch.randn(rows, 96, generator=g)
+        w, b = torch.randn(80, 96, generator=g) / 10, torch.randn(80, generator=g)
+        other = torch.randn(rows, 80, generator=g)
+        pw = gemm.pack(w)
+        ref = _exact(x, pw, b)
+        got = {"plain": gemm.linear(x, pw, b, None), "gelu": gemm.linear(x, pw, b, "gelu"),
+               "tanh": gemm.linear(x, pw, b, "gelu_tanh"),
+               "add": gemm.linear_add(x, other, pw, b), "mul": gemm.linear_mul(x, other, pw, b)}
+        want = {"plain": ref, "gelu": F.gelu(ref), "tanh": F.gelu(ref, approximate="tanh"),
+                "add": ref + other.double(), "mul": ref * other.double()}
+        for name in got:
+            torch.testing.assert_close(got[name].double(), want[name], atol=1e-4, rtol=1e-4,
+                                       msg=lambda m: f"{name}: {m}")
+        # and close to float32 itself: per-token x per-channel int8 loses ~1% per GEMM
+        exact = F.linear(x.double(), w.double(), b.double())
+        assert (got["plain"].double() - exact).norm() / exact.norm() < 0.02
+        gate, up = gemm.pack(w[:40]), gemm.pack(w[40:])
+        torch.testing.assert_close(gemm.gated(x, (gate, up), "silu").double(),
+                                   F.silu(_exact(x, gate, None)) * _exact(x, up, None),
+                                   atol=1e-4, rtol=1e-4)
+    assert gemm.linear(torch.empty(0, 96), pw, b, None).shape == (0, 80)
+
+
+def _cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a), np.asarray(b)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+TEXTS = ["A man is playing a guitar on the stage.", "The cat sleeps.", "short",
+         "Quantum computers use qubits that can be in superpositions of states, unlike "
+         "classical bits, which makes some algorithms exponentially faster.",
+         "What is the capital of France?", "Paris is the capital and largest city of France."]
+
+
+@needs_int8_dot
+def test_minilm_int8_within_cosine_099_of_float32(minilm_dir, shared_llm, vllm_log):
+    from vllm import LLM
+    texts = TEXTS * 3 + [t.upper() for t in TEXTS]
+    f32 = [o.outputs.embedding for o in shared_llm(minilm_dir).embed(texts)]
+    q = [o.outputs.embedding for o in LLM(minilm_dir, quantization="int8").embed(texts)]
+    assert "24 backbone projections in int8" in vllm_log.text
+    cos = _cosines(f32, q)
+    assert cos.min() >= 0.99, cos.min()
+    assert cos.min() < 0.99999  # it did run in int8
+
+
+@needs_int8_dot
+def test_causal_gated_model_int8(qwen3_cls_dir, shared_llm):
+    """A Qwen3 classifier (SwiGLU: the gated path, RMSNorm, LAST pooling, caching on)."""
+    from vllm import LLM
+    texts = TEXTS[:4]
+    f32 = [o.outputs.probs for o in shared_llm(qwen3_cls_dir).classify(texts)]
+    llm = LLM(qwen3_cls_dir, quantization="int8")
+    q = [o.outputs.probs for o in llm.classify(texts)]
+    np.testing.assert_allclose(np.array(q), np.array(f32), atol=0.02)
+    again = llm.classify(texts)  # prefix cache hits give the int8 answers again
+    np.testing.assert_allclose(np.array([o.outputs.probs for o in again]), np.array(q),
+                               atol=1e-6)
+
+
+def test_int8_refused_without_int8_dot_products(minilm_dir, monkeypatch):
+    from vllm import LLM
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx2", "fma"})
+    with pytest.raises(ValueError, match="AVX512-VNNI, AVX-VNNI, AMX-INT8.*none of them"):
+        LLM(minilm_dir, quantization="int8")
+
+
+def test_bad_quantization_settings_are_clear_errors(minilm_dir):
+    from vllm import LLM
+    with pytest.raises(ValueError, match="quantization='awq' is not supported; use 'int8'"):
+        LLM(minilm_dir, quantization="awq")
+    if HAS_INT8_DOT:
+        with pytest.raises(ValueError, match="float32 activations; pass dtype='float32'"):
+            LLM(minilm_dir, quantization="int8", dtype="bfloat16")
+
+
+def test_cli_quantization_flag(minilm_dir):
+    from vllm.entrypoints.openai.cli_args import engine_args_from_namespace, parse_serve_args
+    args = parse_serve_args(["--model", minilm_dir, "--quantization", "int8"])
+    assert engine_args_from_namespace(args).quantization == "int8"
+    assert parse_serve_args(["--model", minilm_dir, "-q", "int8"]).quantization == "int8"
+    assert parse_serve_args(["--model", minilm_dir]).quantization is None
+    with pytest.raises(SystemExit):
+        parse_serve_args(["--model", minilm_dir, "-q", "awq"])
