@@ -45,12 +45,16 @@ def _export(model_dir: pathlib.Path, path: pathlib.Path) -> None:
             return self.model(input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids).last_hidden_state
 
+    from transformers import AutoTokenizer
     model = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
-    ids = torch.ones(2, 8, dtype=torch.long)
+    # A padded batch of real text as the example: with an all-ones mask (as before)
+    # transformers 5 traces its no-padding shortcut, and the export gave cosine ~0.06.
+    example = AutoTokenizer.from_pretrained(str(model_dir))(
+        ["an example sentence to trace", "short"], padding=True, return_tensors="pt")
     dims = {0: torch.export.Dim("batch", max=4096), 1: torch.export.Dim("length", max=512)}
     names = ["input_ids", "attention_mask", "token_type_ids"]
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(Hidden(model), (ids, ids, torch.zeros_like(ids)), str(path),
+    torch.onnx.export(Hidden(model), tuple(example[n] for n in names), str(path),
                       input_names=names, output_names=["last_hidden_state"],
                       dynamic_shapes={n: dims for n in names}, dynamo=True)
 
@@ -64,7 +68,7 @@ class OnnxEmbedder:
         import onnxruntime as ort
         from transformers import AutoTokenizer
         tag = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:10]
-        path = path or CACHE / f"{model_dir.name}_{tag}.onnx"
+        path = path or CACHE / f"{model_dir.name}_{tag}_v2.onnx"  # v2: a padded example
         if not path.exists():
             _export(model_dir, path)
         self.path = path
