@@ -23,7 +23,8 @@ RESULTS = HERE / "results"
 README = HERE / "README.md"
 PLOT = HERE / "throughput.png"
 NAMES = ("peak", "bench_embed", "bench_embed_bfloat16", "bench_embed_short", "bench_embed_long",
-         "bench_classify", "bench_classify_given", "bench_prefix_cache", "bench_serve")
+         "bench_int8", "bench_classify", "bench_classify_given", "bench_prefix_cache",
+         "bench_serve")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 # name -> (script, arguments, extra arguments with --quick)
@@ -33,6 +34,7 @@ STEPS = {
     "embed_bf16": ("bench_embed.py", ["--dtype", "bfloat16"], ["--quick"]),
     "embed_short": ("bench_embed.py", ["--composition", "short", "--repeats", "3"], ["--quick"]),
     "embed_long": ("bench_embed.py", ["--composition", "long", "--repeats", "3"], ["--quick"]),
+    "int8": ("bench_int8.py", [], ["--texts", "128", "--repeats", "2"]),
     "classify": ("bench_classify.py", [], ["--quick"]),
     "classify_given": ("bench_classify.py", ["--baseline-order", "given", "--repeats", "3"],
                        ["--quick"]),
@@ -61,6 +63,32 @@ def load(name: str) -> dict | None:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def _int8_rows(d: dict | None) -> list[str]:
+    """bench_int8: this engine's int8 and float32 beside ONNX Runtime's, with accuracy."""
+    if not d:
+        return []
+    if d.get("skipped"):
+        return [f"| bench_int8 | skipped: {d['skipped']} | | | ≥ 1.3× ONNX int8, cos ≥ 0.99 | | |"]
+    rows, r = [], d["rows"]
+    for name, base in (("vllm int8", "onnxruntime int8"), ("vllm float32", "onnxruntime float32")):
+        e, b = r[name], r.get(base)
+        if b is None:
+            continue
+        target, rate = "", ""
+        if name == "vllm int8":
+            target = "≥ 1.3× ONNX int8, min cos ≥ 0.99"
+            rate = (f"projections ≥ {e['projection_gops_lower_bound']:.0f} GOP/s of "
+                    f"{d['int8_peak_gops']:.0f} int8 peak")
+        rows.append(
+            f"| bench_int8 {name} ({d['texts']} texts) | {e['texts_per_s']:.1f} texts/s (first "
+            f"pass {e['first_pass_texts_per_s']:.1f}) | {base} {b['texts_per_s']:.1f} | "
+            f"**{e['texts_per_s'] / b['texts_per_s']:.2f}×** (first pass "
+            f"{e['first_pass_texts_per_s'] / b['first_pass_texts_per_s']:.2f}×) | {target} | "
+            f"min cos vs fp32 {e['min_cosine_vs_float32']:.4f} (ONNX "
+            f"{b['min_cosine_vs_float32']:.4f}) | {rate} |")
+    return rows
 
 
 def table() -> str:
@@ -95,6 +123,7 @@ def table() -> str:
                     f"{e['tokens_per_s']:.0f} tok/s | ST fp32 {b['texts_per_s']:.1f} texts/s | "
                     f"**{d['ratio']:.2f}×**{first_ratio}{onnx} | {target} | {acc} | "
                     f"{_pct(e['mfu'])}{first_mfu} / {_pct(b['mfu'])} |")
+    rows += _int8_rows(load("bench_int8"))
     for d in (load("bench_classify"), load("bench_classify_given")):
         if not d:
             continue

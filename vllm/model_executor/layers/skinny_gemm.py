@@ -11,8 +11,10 @@ with row counts never seen before the kernel was 1.31x oneDNN at 17-113 rows, 1.
 rows. So a layer keeps one weight and runs `SkinnyWeight` up to `MAX_ROWS` rows and oneDNN
 above, where its cache blocking matters (the kernel re-reads x once per 16 columns). The
 AVX-512 build (16 lanes: 12 rows x 32 columns of accumulators) was first measured on a
-2-core Xeon with AVX-512 (session 11, benchmarks/README.md): 1.07-1.53x oneDNN with cached
-row counts and 1.35-2.7x with new ones at 1-64 rows, so both builds use it.
+2-core Xeon with AVX-512 (session 11, benchmarks/README.md): 1.11-1.40x oneDNN with cached
+row counts and 1.40-2.19x with new ones at 1-64 rows, so both builds use it. There oneDNN
+sums K > 512 in another order than the kernel's one pass, so a row's projection differs in
+the last bits with the step's row count (within float32 rounding, never more).
 
 The kernel reads oneDNN's blocked layout, which oneDNN does not promise: `packed_layout`
 packs the row and the column index of every element of a weight of the same shape and
