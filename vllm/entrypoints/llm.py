@@ -230,7 +230,14 @@ def _params_list(params: Params, n: int) -> list[Optional[PoolingParams]]:
 
 
 def _refuse_extra(kwargs: dict) -> None:
-    kwargs.pop("lora_request", None)
+    """Upstream's keywords this engine takes only at their off value, then anything else: a
+    ValueError, never silently dropped (a LoRA request would return base-model numbers)."""
+    lora = kwargs.pop("lora_request", None)
+    if lora is not None and not (isinstance(lora, (list, tuple)) and
+                                 all(x is None for x in lora)):
+        raise ValueError("lora_request: LoRA adapters are not supported by this engine yet; "
+                         "serve the adapter merged into its base model, or pass "
+                         "lora_request=None.")
     if kwargs.get("tokenization_kwargs") is None:
         kwargs.pop("tokenization_kwargs", None)
     if kwargs:
