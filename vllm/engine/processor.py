@@ -115,9 +115,9 @@ class InputProcessor:
             raise ValueError("truncate_prompt_tokens must be -1 (= max_model_len) or a "
                              f"positive number of tokens; got {k}.")
         if k > self.mc.max_model_len:
-            raise ValueError(f"truncate_prompt_tokens value ({k}) is greater than "
-                             f"max_model_len ({self.mc.max_model_len}). Please select a "
-                             "smaller truncation size.")
+            raise ValueError(f"truncate_prompt_tokens={k} cannot be greater than "
+                             f"max_model_len = {self.mc.max_model_len}. Please request a "
+                             "smaller truncation size.")  # upstream 0.32's words
         return k
 
     @staticmethod
