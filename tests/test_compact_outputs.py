@@ -117,6 +117,17 @@ def test_precision_bad_input(server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
 
 
+@pytest.mark.parametrize("field,bad", [("encoding_format", "base65"),
+                                       ("embed_dtype", "float64"), ("endianness", "middle")])
+def test_a_bad_literal_names_the_error_type_and_the_value(server, field, bad):
+    """As upstream's message does: pydantic's `literal_error` and the value given."""
+    r = server.post("/v1/embeddings", {"input": "a", field: bad})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == field
+    assert "Input should be" in error["message"] and "literal_error" in error["message"]
+    assert f"got {bad!r}" in error["message"]
+
+
 def test_llm_precision_with_calibration_file(bert_st_dense_dir, tmp_path):
     calib = np.random.default_rng(0).normal(scale=0.2, size=(64, 32)).astype(np.float32)
     path = tmp_path / "calibration.npy"

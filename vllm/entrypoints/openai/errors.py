@@ -116,13 +116,23 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
         elif err.get("type") == "model_attributes_type" and path == "body":
             text = "The request body must be a JSON object."
         else:
-            text = f"{path}: {err.get('msg', 'invalid value')}"
+            text = f"{path}: {err.get('msg', 'invalid value')}{_given(err)}"
         if text not in seen:
             seen.add(text)
             parts.append(text)
     if len(parts) > 4:
         parts = parts[:4] + [f"... ({len(parts) - 4} more)"]
     return "Invalid request: " + "; ".join(parts), param
+
+
+def _given(err: dict) -> str:
+    """' [literal_error; got 'foo']': pydantic's error type and the offending value (as
+    upstream's message carries them), a scalar only and at most 100 characters."""
+    value = err.get("input")
+    if not isinstance(value, (str, int, float, bool)) or err.get("type") == "missing":
+        return f" [{err['type']}]" if err.get("type") and err.get("type") != "missing" else ""
+    shown = repr(value)
+    return f" [{err.get('type', 'invalid')}; got {shown[:100]}{'...' if len(shown) > 100 else ''}]"
 
 
 def _is_type_tag(part: str) -> bool:
