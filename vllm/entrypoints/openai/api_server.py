@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, Response
 
 from vllm import envs
 from vllm.engine.async_llm import AsyncLLM
-from vllm.entrypoints.openai import (serving_invocations, serving_models, serving_pooling,
-                                     serving_score, serving_tokens)
+from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_models,
+                                     serving_pooling, serving_score, serving_tokens)
 from vllm.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                DEFAULT_MAX_REQUEST_BODY_BYTES, AuthMiddleware,
@@ -57,6 +57,7 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
     scores = serving_score.ServingScores(ctx)
     app.include_router(serving_pooling.make_router(pooling))
     app.include_router(serving_score.make_router(scores))
+    app.include_router(serving_cohere.make_router(serving_cohere.ServingCohere(pooling)))
     app.include_router(serving_invocations.make_router(pooling, scores))
     app.include_router(serving_tokens.make_router(serving_tokens.ServingTokens(ctx)))
     app.include_router(serving_models.make_router(ctx))

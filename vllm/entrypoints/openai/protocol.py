@@ -101,6 +101,18 @@ class EmbeddingRequest(EngineRequest):
     sparse: bool = False
 
 
+class CohereEmbedRequest(EngineRequest):
+    """Cohere's `/v2/embed` (as upstream serves it): `texts` only here (images are 400s)."""
+
+    model: Optional[Text] = None
+    texts: Optional[list[Text]] = None
+    input_type: Optional[Text] = None        # one of the model's prompts (ST `prompts`)
+    embedding_types: Optional[list[Literal["float", "binary", "ubinary", "base64"]]] = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    max_tokens: Optional[int] = None
+    output_dimension: Optional[int] = None   # Matryoshka models only
+
+
 class PoolingRequest(EmbeddingRequest):
     """`/pooling`: the same fields as embeddings; the raw pooler output comes back."""
 

@@ -22,6 +22,7 @@ from vllm.pooling_params import PoolingParams
 # Which engine task each pooling route needs; the other routes work for every model.
 ROUTE_TASKS: dict[str, tuple[str, ...]] = {
     "/v1/embeddings": ("embed",),
+    "/v2/embed": ("embed",),
     "/pooling": ("encode", "reward"),
     "/classify": ("classify",),
     "/score": ("score",),

@@ -39,8 +39,10 @@ class ServingPooling:
         self.ctx = ctx
         self._calibration: Optional[tuple[str, Any]] = None
 
-    async def _encode(self, http: Request, route: str, body: Any, prefix: str,
+    async def encode(self, http: Request, route: str, body: Any, prefix: str,
                       **param_fields: Any) -> tuple[str, str, list[Any]]:
+        """Run `body`'s inputs (prompt applied, tokenized, truncated) as `route`'s task:
+        (the model name to answer with, the response id, the outputs)."""
         ctx = self.ctx
         model = ctx.check_model(body.model)
         task = ctx.task_for(route)
@@ -132,7 +134,7 @@ class ServingPooling:
         self._check_output_options(body)
         if body.sparse:
             self._check_sparse(body)
-        model, rid, outputs = await self._encode(
+        model, rid, outputs = await self.encode(
             http, "/v1/embeddings", body, "embd", dimensions=body.dimensions,
             normalize=body.normalize, use_activation=body.use_activation)
         values = self._values(body, outputs)
@@ -158,7 +160,7 @@ class ServingPooling:
             raise bad_request("precision applies to /v1/embeddings only.", "precision")
         if body.sparse:
             raise bad_request("sparse is an option of /v1/embeddings, not /pooling.", "sparse")
-        model, rid, outputs = await self._encode(
+        model, rid, outputs = await self.encode(
             http, "/pooling", body, "pool", softmax=body.softmax,
             use_activation=body.use_activation, dimensions=body.dimensions,
             normalize=body.normalize)
@@ -173,7 +175,7 @@ class ServingPooling:
             data, len(values))
 
     async def classify(self, body: ClassificationRequest, http: Request) -> Response:
-        model, rid, outputs = await self._encode(
+        model, rid, outputs = await self.encode(
             http, "/classify", body, "classify", activation=body.activation,
             use_activation=body.use_activation)
         id2label = self.ctx.model_config.id2label
