@@ -5,36 +5,15 @@ only, and Cohere's response shape; checked against sentence-transformers and /v1
 from __future__ import annotations
 
 import base64
-import json
 
 import numpy as np
 import pytest
 
 import model_factory as mf
-from servers import _model_server
+from test_prompts import prompt_dir, server, st_model  # noqa: F401  (the fixtures)
 from test_server import _ok
 
-PROMPTS = {"query": "query: ", "passage": "passage: "}
 TEXTS = ["how do cats sleep", "the weather today is sunny and warm"]
-
-
-@pytest.fixture(scope="module")
-def prompt_dir(bert_st_mean_dir, tmp_path_factory):
-    path = mf.copy_checkpoint(bert_st_mean_dir, tmp_path_factory.mktemp("cohere") / "m")
-    (path / "config_sentence_transformers.json").write_text(json.dumps(
-        {"prompts": PROMPTS, "default_prompt_name": "query"}))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def server(prompt_dir):
-    yield from _model_server(prompt_dir)
-
-
-@pytest.fixture(scope="module")
-def st_model(prompt_dir):
-    from sentence_transformers import SentenceTransformer
-    return SentenceTransformer(prompt_dir, device="cpu")
 
 
 def test_float_embeddings_prompt_and_response_shape(server, prompt_dir, st_model):
