@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import model_factory as mf
 from servers import _model_server
@@ -83,6 +84,31 @@ def test_bytes_and_bytes_only_bodies(server, bert_st_dense_dir):
     assert only.status_code == 200 and "metadata" not in only.headers
     raw = _ok(server.post("/pooling", {"input": TEXTS}))  # the pre-Dense pooled state
     assert only.content == np.array([d["data"] for d in raw["data"]], "<f4").tobytes()
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp8_e4m3", "float8_e4m3fn"),
+                                               ("fp8_e5m2", "float8_e5m2")])
+def test_fp8_embed_dtypes_one_byte_per_value(server, dtype, torch_dtype):
+    """Upstream's fp8 encodings on base64, bytes and bytes_only: torch's fp8 bit patterns of
+    the float32 embedding, one byte each (endianness changes nothing)."""
+    ref = _floats(server)
+    expected = torch.from_numpy(ref).to(getattr(torch, torch_dtype)).view(torch.uint8).numpy()
+    out = _ok(server.post("/v1/embeddings", {"input": TEXTS, "encoding_format": "base64",
+                                             "embed_dtype": dtype, "endianness": "big"}))
+    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), np.uint8)
+                    for d in out["data"]])
+    assert np.array_equal(got, expected)
+    for fmt in ("bytes", "bytes_only"):
+        r = server.post("/v1/embeddings", {"input": TEXTS, "encoding_format": fmt,
+                                           "embed_dtype": dtype})
+        assert r.status_code == 200 and r.content == expected.tobytes()
+        if fmt == "bytes":
+            meta = json.loads(r.headers["metadata"])
+            assert [d["embed_dtype"] for d in meta["data"]] == [dtype] * len(TEXTS)
+            assert meta["data"][1]["start"] == ref.shape[1]
+    # decoded, within fp8's precision of the float32 values
+    decoded = torch.from_numpy(got.copy()).view(getattr(torch, torch_dtype)).float().numpy()
+    assert np.allclose(decoded, ref, rtol=0.13, atol=1e-3)
 
 
 @pytest.mark.parametrize("precision", ["binary", "ubinary", "int8", "uint8"])

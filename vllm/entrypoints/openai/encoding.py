@@ -5,7 +5,8 @@
   described by a `metadata` header holding JSON `{"id", "created", "model", "data":
   [{"index", "embed_dtype", "endianness", "start", "end", "shape"}], "usage"}`) and
   `bytes_only` (the same body, no header).
-- `embed_dtype`: float32, float16, or bfloat16 (the raw 2-byte bfloat16 bit pattern).
+- `embed_dtype`: float32, float16, bfloat16 (the raw 2-byte bfloat16 bit pattern),
+  fp8_e4m3 or fp8_e5m2 (one byte per value: torch's float8_e4m3fn / float8_e5m2 bits).
 - `endianness`: native (this machine's), big or little.
 Quantized embeddings (`precision`, see `vllm.entrypoints.quantize`) are already integer
 arrays: their bytes go out as they are and `embed_dtype` names their storage type.
@@ -26,7 +27,10 @@ from vllm.entrypoints.quantize import STORAGE_DTYPES
 EMBED_DTYPES = {"float32": (torch.float32, torch.float32),
                 "float16": (torch.float16, torch.float16),
                 # numpy has no bfloat16: its bits travel as 2-byte words
-                "bfloat16": (torch.bfloat16, torch.int16)}
+                "bfloat16": (torch.bfloat16, torch.int16),
+                # one byte per value, upstream's fp8 encodings (torch's bit layouts)
+                "fp8_e4m3": (torch.float8_e4m3fn, torch.uint8),
+                "fp8_e5m2": (torch.float8_e5m2, torch.uint8)}
 ENDIANNESS = ("native", "big", "little")
 BYTE_FORMATS = ("bytes", "bytes_only")
 

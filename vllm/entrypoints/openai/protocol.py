@@ -82,7 +82,7 @@ class EmbeddingRequest(EngineRequest):
     model: Optional[Text] = None
     input: PromptInput
     encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
     endianness: Literal["native", "big", "little"] = "native"
     dimensions: Optional[int] = None
     user: Optional[Text] = None
