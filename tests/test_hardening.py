@@ -316,6 +316,9 @@ def test_pooling_task_field(minilm):
     error = bad.json()["error"]
     assert error["param"] == "task"
     assert error["message"].startswith("Unsupported task: 'classify' Supported tasks:")
+    plugin = minilm.post("/pooling", {"input": "a", "task": "plugin"})
+    assert plugin.status_code == 400 and plugin.json()["error"]["param"] == "task"
+    assert plugin.json()["error"]["message"].startswith("No IOProcessor plugin installed.")
 
 
 # ----- overload ----------------------------------------------------------------------------

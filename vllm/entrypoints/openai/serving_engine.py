@@ -132,6 +132,10 @@ class ServingContext:
     def check_task(self, task: str, param: str = "task") -> str:
         """`task` when the model runs it, else a 400 naming the tasks it runs."""
         supported = list(self.model_config.supported_tasks)
+        if task == "plugin":  # upstream's IOProcessor plugins: none exist here
+            raise bad_request("No IOProcessor plugin installed. Please refer to the "
+                              "documentation and to the 'prithvi_geospatial_mae_io_processor' "
+                              "offline inference example for more details.", param)
         if task not in supported:
             raise bad_request(f"Unsupported task: {task!r} Supported tasks: {supported}",
                               param)
