@@ -13,6 +13,7 @@ import mteb
 import pytest
 
 import model_factory as mf
+from test_int8 import needs_int8_dot
 from vllm.entrypoints.mteb_encoder import VllmEncoder
 
 DATA = pathlib.Path(__file__).parent / "data" / "sts_local.tsv"
@@ -75,6 +76,7 @@ def test_mteb_sts_matches_sentence_transformers(shared_llm, st_dirs, family):
         assert abs(engine[key] - reference[key]) <= TOL, (family, key, engine, reference)
 
 
+@needs_int8_dot
 def test_mteb_sts_int8_close_to_float32(shared_llm, minilm_dir):
     """quantization="int8" on the real MiniLM, the local STS task against float32: cosine
     Pearson within 0.005 (half a point on MTEB's 0-100 scale). Spearman over 40 pairs moves
@@ -82,9 +84,6 @@ def test_mteb_sts_int8_close_to_float32(shared_llm, minilm_dir):
     six projections of a layer in float32 instead gave 0.733-0.749 at the same cosines to
     float32), so it is held to 0.02; benchmarks/bench_int8.py measures the similarity
     ranking over 512 texts instead."""
-    from test_int8 import needs_int8_dot
-    if needs_int8_dot.args[0]:
-        pytest.skip(needs_int8_dot.kwargs["reason"])
     float32 = _scores(VllmEncoder(shared_llm(minilm_dir)))
     int8 = _scores(VllmEncoder(shared_llm(minilm_dir, quantization="int8")))
     assert abs(int8["cosine_pearson"] - float32["cosine_pearson"]) <= 0.005, (int8, float32)
