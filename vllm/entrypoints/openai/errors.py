@@ -128,11 +128,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
 def _given(err: dict) -> str:
     """' [literal_error; got 'foo']': pydantic's error type and the offending value (as
     upstream's message carries them), a scalar only and at most 100 characters."""
-    value = err.get("input")
-    if not isinstance(value, (str, int, float, bool)) or err.get("type") == "missing":
-        return f" [{err['type']}]" if err.get("type") and err.get("type") != "missing" else ""
+    kind, value = err.get("type"), err.get("input")
+    if not kind or kind == "missing":
+        return ""
+    if not isinstance(value, (str, int, float, bool)):
+        return f" [{kind}]"
     shown = repr(value)
-    return f" [{err.get('type', 'invalid')}; got {shown[:100]}{'...' if len(shown) > 100 else ''}]"
+    return f" [{kind}; got {shown[:100]}{'...' if len(shown) > 100 else ''}]"
 
 
 def _is_type_tag(part: str) -> bool:
