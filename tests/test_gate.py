@@ -112,8 +112,7 @@ def test_gate_on_model_config_alone(qwen3_cls_dir, bert_cls_dir):
 
 @pytest.mark.parametrize("fixture,reason_word", [("bert_cls_dir", "encoder-only"),
                                                  ("xlmr_cls_dir", "encoder-only"),
-                                                 ("qwen2_bidir_dir", "is_causal"),
-                                                 ("qwen2_reward_dir", "ALL")])
+                                                 ("qwen2_bidir_dir", "is_causal")])
 def test_forced_on_for_unsupported_model_warns_and_stays_off(request, vllm_log, fixture,
                                                              reason_word):
     model_dir = request.getfixturevalue(fixture)
@@ -127,6 +126,30 @@ def test_forced_on_for_unsupported_model_warns_and_stays_off(request, vllm_log, 
     for w in prefix + chunked:
         assert reason_word in w, w
         assert "disabled" in w, w
+
+
+@pytest.mark.parametrize("fixture,override", [("qwen2_reward_dir", None),
+                                              ("qwen2_prm_dir", None),
+                                              ("qwen3_embed_dir", "MEAN"),
+                                              ("qwen3_embed_dir", "CLS"),
+                                              ("qwen3_embed_dir", "ALL")])
+def test_forced_on_for_causal_non_last_pooling_runs_exactly(request, vllm_log, fixture,
+                                                           override):
+    """Issue 27: on a causal model every pooling type gets both features when asked (the
+    pooler's payload makes them exact); the log says so, and nothing warns."""
+    model_dir = request.getfixturevalue(fixture)
+    kwargs = {"override_pooler_config": {"pooling_type": override}} if override else {}
+    assert _flags(_config(model_dir, **kwargs)) == (False, False)  # the default stays off
+    vllm_log.clear()
+    cfg = _config(model_dir, enable_prefix_caching=True, enable_chunked_prefill=True,
+                  max_num_batched_tokens=32, **kwargs)
+    assert _flags(cfg) == (True, True)
+    assert cfg.scheduler_config.max_num_batched_tokens == 32
+    info = [r.getMessage() for r in vllm_log.records if r.levelno == logging.INFO]
+    for name in ("Prefix caching", "Chunked prefill"):
+        assert sum(m.startswith(f"{name} enabled as requested") and "exactly" in m
+                   for m in info) == 1, info
+    assert not _warnings(vllm_log)
 
 
 def test_caplog_really_captures_vllm_logs(vllm_log, qwen3_embed_dir):

@@ -1,8 +1,11 @@
 """The gate: may prefix caching and chunked prefill run for this model, exactly?
 
-Both features are exact only when the pooled state needs nothing but the final token
-(LAST pooling) and each token's state depends only on the tokens before it (causal
-attention). Everything else keeps them off.
+By default both run only when the pooled state needs nothing but the final token (LAST
+pooling) and each token's state depends only on the tokens before it (causal attention).
+On request (`enable_prefix_caching=True` / `enable_chunked_prefill=True`) they also run,
+exactly, for CLS / MEAN / ALL / STEP pooling on causal models: the pooler keeps its
+partial result across chunks and a cached block carries its pooling payload (see
+`model_executor/layers/pool_state.py`). Bidirectional models never get them.
 """
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from vllm.config.model import ModelConfig
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+# Pooling types that run exactly with both features when the user asks (causal models).
+ON_REQUEST_POOLING = ("CLS", "MEAN", "ALL", "STEP")
 
 
 def prefix_features_supported(model_config: ModelConfig) -> tuple[bool, str]:
@@ -27,6 +33,16 @@ def prefix_features_supported(model_config: ModelConfig) -> tuple[bool, str]:
     return True, "LAST pooling with causal attention"
 
 
+def exact_on_request(model_config: ModelConfig) -> Optional[str]:
+    """The pooling type when asking turns both features on exactly (a causal model with
+    CLS/MEAN/ALL/STEP pooling), else None."""
+    supported, _ = prefix_features_supported(model_config)
+    pooling = getattr(model_config, "gate_pooling_type",
+                      model_config.pooler_config.pooling_type)
+    causal = model_config.arch.base.is_causal and model_config.is_causal
+    return pooling if causal and not supported and pooling in ON_REQUEST_POOLING else None
+
+
 def resolve_feature(name: str, user_value: Optional[bool], model_config: ModelConfig) -> bool:
     """Apply the gate to one feature flag and log the decision with its reason."""
     supported, reason = prefix_features_supported(model_config)
@@ -34,6 +50,12 @@ def resolve_feature(name: str, user_value: Optional[bool], model_config: ModelCo
         logger.info("%s %s by default: %s.", name, "enabled" if supported else "disabled",
                     reason)
         return supported
+    pooling = exact_on_request(model_config) if user_value and not supported else None
+    if pooling is not None:
+        logger.info("%s enabled as requested: %s pooling on a causal model runs exactly "
+                    "(the pooler keeps its partial result across chunks and cached blocks "
+                    "carry its pooling payload).", name, pooling)
+        return True
     if user_value and not supported:
         logger.warning("%s was requested but is disabled: %s, so it could not be exact.",
                        name, reason)

@@ -39,7 +39,7 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
                 f"max_model_len ({max_model_len}) while chunked prefill is off, so a long "
                 "prompt could never be scheduled. Raise max_num_batched_tokens, lower "
-                "max_model_len, or enable chunked prefill (causal LAST-pooling models only).")
+                "max_model_len, or enable chunked prefill (causal models only).")
 
     @property
     def chunk_cap(self) -> Optional[int]:

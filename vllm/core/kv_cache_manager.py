@@ -22,15 +22,18 @@ from vllm.core.block_pool import Block, BlockPool
 from vllm.core.request import Request
 
 
-def _seed(extra: Optional[str]) -> bytes:
-    return (extra or "").encode()
+def _seed(extra: Optional[str], pool_key: Optional[str] = None) -> bytes:
+    # 0xff never occurs in UTF-8, so a salt alone never equals a salt plus a pool key.
+    seed = (extra or "").encode()
+    return seed + b"\xff" + pool_key.encode() if pool_key else seed
 
 
-def hash_blocks(token_ids: list[int], block_size: int,
-                extra: Optional[str] = None) -> list[bytes]:
-    """Chained hashes of every full block of `token_ids`."""
+def hash_blocks(token_ids: list[int], block_size: int, extra: Optional[str] = None,
+                pool_key: Optional[str] = None) -> list[bytes]:
+    """Chained hashes of every full block of `token_ids` (seeded by the salt `extra` and
+    the pooling payload's setting `pool_key`)."""
     hashes: list[bytes] = []
-    parent = _seed(extra)
+    parent = _seed(extra, pool_key)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         h = hashlib.sha256(parent)
         h.update(array("q", token_ids[start: start + block_size]).tobytes())
@@ -67,10 +70,14 @@ class BlockCopy:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 cache_partials: bool = True) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_caching = enable_caching
+        # Off where a partial block's copied slots would lack their pooling payload
+        # (CLS/MEAN/ALL/STEP pooling, whose payloads are kept per full block).
+        self.cache_partials = cache_partials
         self.req_blocks: dict[str, list[Block]] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0     # tokens found
@@ -79,8 +86,8 @@ class KVCacheManager:
         """Hash the request's full prompt blocks (and its prompt's partial block) once."""
         if self.enable_caching and not request.block_hashes:
             request.block_hashes = hash_blocks(request.prompt_token_ids, self.block_size,
-                                               request.cache_salt)
-            cut = request.prompt_len or 0
+                                               request.cache_salt, request.pool_key)
+            cut = (request.prompt_len or 0) if self.cache_partials else 0
             i, rest = divmod(cut, self.block_size)
             if rest and cut <= request.num_tokens:
                 start = i * self.block_size
@@ -89,7 +96,8 @@ class KVCacheManager:
 
     def _parent(self, request: Request, i: int) -> bytes:
         """The chained hash block `i` of `request` continues."""
-        return request.block_hashes[i - 1] if i else _seed(request.cache_salt)
+        return request.block_hashes[i - 1] if i else _seed(request.cache_salt,
+                                                           request.pool_key)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
         """The longest cached prefix of `request`, never covering its last token."""

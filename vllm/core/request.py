@@ -29,6 +29,9 @@ class Request:
     # Leading tokens that are a known shared run (a sentence-transformers prompt): the KV
     # cache keeps their partial last block too; MEAN/CLS pooling may exclude them.
     prompt_len: Optional[int] = None
+    # What a cached block's pooling payload depends on besides its tokens (e.g. MEAN's
+    # left-out prompt length), hashed with the blocks; opaque to `core/` like the salt.
+    pool_key: Optional[str] = None
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -38,6 +41,8 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     # (prompt_len, hashes of every cut of its partial last block): see KVCacheManager
     partial_run: Optional[tuple[int, list[bytes]]] = None
+    # The worker's partial pooled result across chunks (CLS/MEAN/ALL/STEP); opaque here.
+    pool_state: Any = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

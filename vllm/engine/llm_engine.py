@@ -47,7 +47,8 @@ class LLMEngine:
         self.runner = ModelRunner(vllm_config)
         cc = vllm_config.cache_config
         self.kv = KVCacheManager(self.runner.num_blocks, cc.block_size,
-                                 bool(cc.enable_prefix_caching))
+                                 bool(cc.enable_prefix_caching),
+                                 cache_partials=self.runner.tracker is None)
         self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv)
         self._stats = EngineStats()
         self._dedup = Deduplicator()
@@ -76,7 +77,8 @@ class LLMEngine:
         for rid, part in parts:
             self.scheduler.add_request(Request(rid, part.prompt_token_ids, params,
                                                part.token_type_ids, part.cache_salt,
-                                               prompt_len=part.prompt_len))
+                                               prompt_len=part.prompt_len,
+                                               pool_key=self.runner.pool_key(part)))
 
     def verify_task(self, task: str) -> None:
         tasks = self.model_config.supported_tasks

@@ -6,6 +6,8 @@ requests whose final token was computed.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from vllm.config import VllmConfig
@@ -14,8 +16,10 @@ from vllm.attention.backends.registry import get_backend
 from vllm.logger import init_logger
 from vllm.model_executor.attention_metadata import AttentionMetadata, sort_key, token_slots
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
+from vllm.model_executor.layers.pool_state import BlockPayloadStore
 from vllm.model_executor.model_loader import build_model
 from vllm.platforms import platform_for
+from vllm.worker.pool_steps import PoolTracker, hidden_size, tracked_kind
 
 logger = init_logger(__name__)
 
@@ -36,11 +40,14 @@ class ModelRunner:
         # sentence-transformers Pooling include_prompt false: pool without the prompt.
         self.pool_prompt = mc.st_config is None or mc.st_config.include_prompt
         self.uses_kv_cache = vllm_config.uses_kv_cache
+        # CLS/MEAN/ALL/STEP with chunked prefill / prefix caching asked for (causal only).
+        self.pool_kind = tracked_kind(vllm_config)
         self.num_blocks = self._size_kv_cache()
         vllm_config.cache_config.num_blocks = self.num_blocks
         self.kv_caches: list[torch.Tensor] = []
         if self.uses_kv_cache:
             self._allocate_kv_cache()
+        self.tracker = self._pool_tracker()
 
     # ----- KV cache -------------------------------------------------------------------
     def _blocks_per_prompt(self) -> int:
@@ -67,7 +74,31 @@ class ModelRunner:
         layers = self.model.model.attention_layers()
         a = layers[0]
         itemsize = torch.tensor([], dtype=self.config.model_config.dtype).element_size()
-        return len(layers) * 2 * self.block_size * a.num_kv_heads * a.head_dim * itemsize
+        return len(layers) * 2 * self.block_size * a.num_kv_heads * a.head_dim * itemsize \
+            + self._payload_bytes_per_block()
+
+    def _payload_bytes_per_block(self) -> int:
+        """A block's pooling payload, when prefix caching keeps one (see pool_state.py)."""
+        if self.pool_kind is None or not self.config.cache_config.enable_prefix_caching:
+            return 0
+        mc = self.config.model_config
+        return BlockPayloadStore.bytes_per_block(self.pool_kind, self.block_size,
+                                                 hidden_size(mc.hf_config), mc.dtype)
+
+    def _pool_tracker(self):
+        """The tracker for CLS/MEAN/ALL/STEP chunks and cached blocks, or None."""
+        if self.pool_kind is None:
+            return None
+        store = None
+        if self.config.cache_config.enable_prefix_caching:
+            mc = self.config.model_config
+            store = BlockPayloadStore(self.pool_kind, self.num_blocks, self.block_size,
+                                      hidden_size(mc.hf_config), mc.dtype, self.device)
+            logger.info("Pooling payload: %.1f MiB beside the KV cache, counted in its "
+                        "block budget (%d bytes a block)", self.num_blocks *
+                        self._payload_bytes_per_block() / 2**20,
+                        self._payload_bytes_per_block())
+        return PoolTracker(self.pool_kind, self.pooler, self.pool_prompt, store)
 
     def _memory_for_cache(self) -> int:
         return self.platform.kv_cache_bytes(self.config.cache_config, self._profile)
@@ -104,6 +135,13 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.num_blocks,
                     self.block_size, self.num_blocks * self._bytes_per_block() / 2**20)
 
+    def pool_key(self, prompt) -> Optional[str]:
+        """What `prompt`'s cached blocks' pooling payload depends on besides its tokens
+        (hashed with them; see pool_state.pool_key), or None."""
+        if self.tracker is None or self.tracker.store is None:
+            return None
+        return self.tracker.key(len(prompt.prompt_token_ids), prompt.prompt_len)
+
     # ----- one step -------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
@@ -122,6 +160,10 @@ class ModelRunner:
                     meta.query_start_loc[i], s.num_new, s.num_computed, req.prompt_token_ids,
                     req.pooling_params, 0 if self.pool_prompt else req.prompt_len or 0))
                 ids.append(req.request_id)
+        if self.tracker is not None:  # partial state across chunks / cached blocks
+            meta.output_rows = self.tracker.rows_needed(out, meta, self.device)
+            hidden = self.model(input_ids, positions, meta, token_types)
+            return self.tracker.run(hidden, out, meta)
         meta.output_rows = self.pooler.rows_needed(slices, self.device)
         hidden = self.model(input_ids, positions, meta, token_types)
         return dict(zip(ids, self.pooler(hidden, slices,
