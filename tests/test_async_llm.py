@@ -22,7 +22,9 @@ class FakeEngine:
 
     def __init__(self, steps_per_request: int = 1) -> None:
         model_config = types.SimpleNamespace(model="fake", max_model_len=16,
-                                             supported_tasks=("encode", "embed"))
+                                             supported_tasks=("encode", "embed"),
+                                             pooling_tasks=("embed", "token_embed"),
+                                             encode_task="encode", is_multi_vector=False)
         self.vllm_config = types.SimpleNamespace(model_config=model_config)
         self.tokenizer = None
         self.processor = types.SimpleNamespace(

@@ -7,19 +7,25 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from vllm.config.model import ModelConfig
 
-POOLING_TASKS = ("encode", "embed", "classify", "score", "reward", "token_embed")
+POOLING_TASKS = ("encode", "embed", "classify", "score", "reward", "token_embed",
+                 "token_classify")
+# Upstream's per-engine pooling tasks (`PoolerConfig.task`); the others are the seed's.
+ENGINE_TASKS = ("embed", "classify", "token_embed", "token_classify")
+TOKEN_TASKS = ("token_embed", "token_classify")
 
 # Which request parameters belong to which task.
 _TASK_PARAMS: dict[str, tuple[str, ...]] = {
     "embed": ("dimensions", "normalize"),
-    "token_embed": ("normalize",),
+    "token_embed": ("dimensions", "normalize"),
     "classify": ("activation",),
+    "token_classify": ("activation",),
     "score": ("activation",),
     "encode": ("softmax", "step_tag_id", "returned_token_ids"),
     "reward": ("softmax", "step_tag_id", "returned_token_ids"),
 }
 # The task-specific switch that newer vLLM spells `use_activation`.
-_ACTIVATION_ALIAS = {"embed": "normalize", "token_embed": "normalize", "classify": "activation", "score": "activation",
+_ACTIVATION_ALIAS = {"embed": "normalize", "token_embed": "normalize", "classify": "activation",
+                     "token_classify": "activation", "score": "activation",
                      "encode": "softmax", "reward": "softmax"}
 
 
@@ -78,19 +84,20 @@ class PoolingParams:
 
     def _fill_from_model(self, task: str, model_config: "ModelConfig") -> None:
         pooler = model_config.pooler_config
-        if task == "embed":
-            if self.normalize is None:
-                self.normalize = pooler.normalize if pooler.normalize is not None else True
+        if task in ("embed", "token_embed"):
+            if self.normalize is None:  # ColBERT vectors are unit length unless asked
+                self.normalize = True if model_config.is_multi_vector or \
+                    pooler.normalize is None else pooler.normalize
             if self.dimensions is None:  # the override's default width, as upstream
                 self.dimensions = pooler.dimensions
             if self.dimensions is not None:
                 model_config.verify_dimensions(self.dimensions)
-        elif task == "token_embed":  # ColBERT vectors are unit length unless asked
-            if self.normalize is None:
-                self.normalize = True
-        elif task in ("classify", "score"):
+        elif task in ("classify", "score", "token_classify"):
             if self.activation is None:
                 self.activation = pooler.activation if pooler.activation is not None else True
+            if task == "token_classify":  # a STEP model's tags come from its config
+                self.step_tag_id = pooler.step_tag_id
+                self.returned_token_ids = pooler.returned_token_ids
         else:
             if self.softmax is None:
                 self.softmax = bool(pooler.softmax) if pooler.softmax is not None else False

@@ -22,7 +22,7 @@ ON_REQUEST_POOLING = ("CLS", "MEAN", "ALL", "STEP")
 
 def prefix_features_supported(model_config: ModelConfig) -> tuple[bool, str]:
     """(supported, reason) for prefix caching and chunked prefill on this model."""
-    pooling = model_config.pooler_config.pooling_type
+    pooling = model_config.gate_pooling_type
     if not model_config.arch.base.is_causal:
         return False, f"{model_config.architecture} is an encoder-only (bidirectional) model"
     if not model_config.is_causal:

@@ -26,8 +26,6 @@ _TASK_TO_CONVERT = {"embed": "embed", "embedding": "embed", "classify": "classif
 QUANTIZATIONS = ("int8",)
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
-_CONVERT_TASKS = {"embed": ("encode", "embed"), "classify": ("encode", "classify"),
-                  "reward": ("encode", "reward")}
 
 
 
@@ -69,6 +67,9 @@ class ModelConfig:
         self._apply_sparse_encoder()
         self._resolve_runner_and_convert()
         self.pooler_config = self._resolve_pooler_config()
+        logger.info("Pooling task: %s (%s; the model supports %s).", self.pooling_task,
+                    "from PoolerConfig.task" if self.pooler_config.task else "by default",
+                    list(self.pooling_tasks))
         if self.pooler_config.dimensions is not None:  # every embed request's default
             self.verify_dimensions(self.pooler_config.dimensions)
         self.device = self._resolve_device()
@@ -137,7 +138,7 @@ class ModelConfig:
             cfg.pooling_type = st.pooling_type
             sources.append("pooling_type from the sentence-transformers Pooling config")
         if cfg.pooling_type is None and self.convert == "classify" and \
-                config_pooling_type(self.hf_config) is not None:
+                not self.is_token_classifier and config_pooling_type(self.hf_config) is not None:
             cfg.pooling_type = config_pooling_type(self.hf_config)
             sources.append("pooling_type from the config's classifier_pooling")
         if cfg.pooling_type is None:
@@ -294,13 +295,74 @@ class ModelConfig:
         return self.arch.base.multi_vector and self.convert == "embed"
 
     @property
-    def supported_tasks(self) -> tuple[str, ...]:
+    def is_token_classifier(self) -> bool:
+        """`*ForTokenClassification`: one label distribution per token (NER)."""
+        return self.architecture.endswith("ForTokenClassification") and \
+            self.convert == "classify"
+
+    @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        """Upstream's pooling tasks this model can run (its pooler's tasks)."""
+        if self.is_token_classifier:
+            return ("token_classify",)
         if self.is_multi_vector:
-            return ("encode", "token_embed", "score")
-        tasks = _CONVERT_TASKS[self.convert]
-        if self.convert == "embed" or (self.convert == "classify" and self.num_labels == 1):
-            tasks = tasks + ("score",)
-        return tasks
+            return ("token_embed",)
+        return {"embed": ("embed", "token_embed"), "classify": ("classify", "token_classify"),
+                "reward": ("token_classify",)}[self.convert] + self.arch.base.extra_tasks
+
+    @property
+    def pooling_task(self) -> str:
+        """The one upstream pooling task this engine runs: `PoolerConfig.task` when set,
+        else `token_classify` for a token classifier, else the first the model supports
+        in upstream's order (embed, classify, token_embed, token_classify)."""
+        tasks = self.pooling_tasks
+        chosen = self.pooler_config.task
+        if chosen is not None:
+            if chosen not in tasks:
+                raise ValueError(f"Unsupported task: {chosen!r} Supported tasks: {tasks}")
+            return chosen
+        for task in ("embed", "classify", "token_embed", "token_classify"):
+            if task in tasks:
+                return task
+        raise AssertionError(tasks)
+
+    @property
+    def scores(self) -> bool:
+        """Whether /score and /rerank are served: as upstream, under embed / token_embed
+        (cosine / MaxSim) and under classify with one label (a cross-encoder)."""
+        task = self.pooling_task
+        return task in ("embed", "token_embed") or (task == "classify" and
+                                                    self.num_labels == 1)
+
+    @property
+    def late_interaction(self) -> bool:
+        """Scores are MaxSim of token vectors (an engine running token_embed, as ColBERT)."""
+        return self.pooling_task == "token_embed"
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        """Every task this engine accepts: the seed's `encode` (and `reward` on reward
+        models), the engine's pooling task, and `score` where scoring is served."""
+        tasks = ("encode", self.pooling_task)
+        if self.convert == "reward":
+            tasks += ("reward",)
+        return tasks + (("score",) if self.scores else ())
+
+    @property
+    def encode_task(self) -> str:
+        """The task of `LLM.encode()` and `POST /pooling` when none is named: the seed's
+        `encode` (raw pooled states), except on a token classifier or an engine started
+        with `PoolerConfig(task=...)` for a token task, which runs that task."""
+        if self.is_token_classifier or self.pooler_config.task in ("token_embed",
+                                                                    "token_classify"):
+            return self.pooling_task
+        return "encode"
+
+    @property
+    def gate_pooling_type(self) -> str:
+        """The pooling the gate judges: a token task reads every token (as ALL)."""
+        return "ALL" if self.pooling_task in ("token_embed", "token_classify") \
+            else self.pooler_config.pooling_type
 
     @property
     def is_cross_encoder(self) -> bool:

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP", "SPLADE")
+# Upstream's engine-level pooling tasks (`PoolerConfig(task=...)`).
+TASKS = ("embed", "classify", "token_embed", "token_classify", "embed&token_classify",
+         "plugin")
+_REMOVED_TASKS = {"score": "`score` task was removed; use `classify` instead.",
+                  "encode": "`encode` task was removed; use `token_embed` or "
+                            "`token_classify` instead."}
 
 
 def _pooling_type(v: Any) -> Optional[str]:
@@ -23,11 +29,23 @@ def _pooling_type(v: Any) -> Optional[str]:
     return v
 
 
+def _task(v: Any) -> Optional[str]:
+    if v is None:
+        return v
+    if v in _REMOVED_TASKS:
+        raise ValueError(_REMOVED_TASKS[v])
+    if v not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {v!r}")
+    return v
+
+
 @dataclass(repr=False)
 class PoolerConfig:
     """Resolved once at start-up; request-level `PoolingParams` fall back to it."""
 
     pooling_type: Optional[str] = None
+    # The one pooling task this engine runs (upstream 0.32); None: chosen from the model.
+    task: Optional[str] = None
     normalize: Optional[bool] = None
     dimensions: Optional[int] = None
     activation: Optional[bool] = None
@@ -41,6 +59,8 @@ class PoolerConfig:
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "pooling_type":
             value = _pooling_type(value)
+        elif name == "task":
+            value = _task(value)
         super().__setattr__(name, value)
 
     @classmethod

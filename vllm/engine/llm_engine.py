@@ -81,13 +81,22 @@ class LLMEngine:
                                                pool_key=self.runner.pool_key(part)))
 
     def verify_task(self, task: str) -> None:
-        tasks = self.model_config.supported_tasks
+        """Raise ValueError unless this engine runs `task`: one the model supports but the
+        engine was not started for names `PoolerConfig(task=...)`, as upstream."""
+        mc = self.model_config
+        tasks = mc.supported_tasks
         if task in tasks:
             return
+        if task in mc.pooling_tasks:
+            raise ValueError(f"Try switching the model's pooling_task via "
+                             f'`PoolerConfig(task="{task}")`: this engine runs '
+                             f"{mc.pooling_task!r}.")
         hint = {"embed": "convert='embed'", "classify": "convert='classify'",
                 "reward": "convert='reward'", "score": "a cross-encoder with one label "
-                "(convert='classify', num_labels=1) or an embedding model"}.get(task, "")
-        raise ValueError(f"The model {self.model_config.architecture} does not support the "
+                "(convert='classify', num_labels=1) or an embedding model",
+                "token_embed": "an embedding model (convert='embed')",
+                "token_classify": "a classifier (convert='classify')"}.get(task, "")
+        raise ValueError(f"The model {mc.architecture} does not support the "
                          f"{task!r} task; it supports {list(tasks)}. To {task} with it, load it "
                          f"with {hint}.")
 

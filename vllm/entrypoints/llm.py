@@ -10,12 +10,15 @@ from tqdm.auto import tqdm
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType, TokenizedPrompt
+from vllm.logger import init_logger
 from vllm.entrypoints.quantize import check_precision, load_calibration, quantize
 from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
-from vllm.entrypoints.sparse import check_sparse
+from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
 from vllm.pooling_params import PoolingParams
+
+logger = init_logger(__name__)
 
 Prompts = Union[PromptType, Sequence[PromptType]]
 Params = Optional[Union[PoolingParams, Sequence[PoolingParams]]]
@@ -32,6 +35,7 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
         self._ids = itertools.count()
         self._ranges: Any = None  # the engine's embedding_calibration ranges, once loaded
+        self._warned_removed_task = False
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -45,10 +49,26 @@ class LLM:
     def encode(self, prompts: Prompts, pooling_params: Params = None,
                truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
                pooling_task: Optional[str] = None, *, truncation_side: Optional[str] = None,
-               **kwargs: Any) -> list[PoolingRequestOutput]:
+               sparse: bool = False, **kwargs: Any) -> list[PoolingRequestOutput]:
+        """Pooled states for `pooling_task` (upstream's: embed, classify, token_embed,
+        token_classify); without one, the seed's raw `encode` task, which upstream 0.32
+        has removed (a deprecation line is logged once). `sparse=True` (BGE-M3 under
+        token_classify): each output's data is {token_id: weight}, max-pooled per id."""
         _refuse_extra(kwargs)
-        return self._run(prompts, pooling_params, pooling_task or "encode",
-                         truncate_prompt_tokens, use_tqdm, truncation_side)
+        mc = self.llm_engine.model_config
+        task = pooling_task or mc.encode_task
+        if sparse:
+            check_lexical(mc, task)
+        if task in ("encode", "score") and not self._warned_removed_task:
+            self._warned_removed_task = True
+            logger.warning("LLM.encode with the %r task: upstream vLLM 0.32 removed it; pass "
+                           "pooling_task='token_embed' or 'token_classify' (or use "
+                           "LLM.embed / LLM.classify / LLM.score).", task)
+        outs = self._run(prompts, pooling_params, task, truncate_prompt_tokens, use_tqdm,
+                         truncation_side)
+        for o in outs if sparse else ():
+            o.outputs.data = lexical_weights(mc, o.prompt_token_ids, o.outputs.data)
+        return outs
 
     def embed(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
               use_tqdm: bool = True, pooling_params: Params = None, *,
@@ -131,7 +151,7 @@ class LLM:
 
     def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None):
         """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""
-        multi = self.llm_engine.model_config.is_multi_vector
+        multi = self.llm_engine.model_config.late_interaction
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))
         embeds = self._run(texts, params, "token_embed" if multi else "embed",
                            truncate_prompt_tokens, use_tqdm, side)

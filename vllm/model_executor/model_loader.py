@@ -196,6 +196,9 @@ def _load(mc: ModelConfig, model: PoolingModel, device: str, names: set[str]) ->
             yield stripped, tensor
 
     loaded = backbone.load_weights(backbone_weights())
+    if hasattr(backbone, "load_extra"):  # weights in files of their own (BGE-M3)
+        backbone.load_extra(mc.path, device)
+        loaded |= backbone.own_parameters()
     missing = set(dict(backbone.named_parameters())) - loaded
     if lm_head is None and ties.get("lm_head.weight") in loaded:
         lm_head = backbone.get_parameter(ties["lm_head.weight"]).data

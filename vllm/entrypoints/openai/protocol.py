@@ -246,7 +246,7 @@ class EmbeddingResponse(_ListResponse):
 class PoolingResponseData(BaseModel):
     index: int
     object: Literal["pooling"] = "pooling"
-    data: Union[list[Any], float, str]
+    data: Union[list[Any], dict[int, float], float, str]
 
 
 class PoolingResponse(_ListResponse):

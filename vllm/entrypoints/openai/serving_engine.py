@@ -136,10 +136,13 @@ class ServingContext:
             raise bad_request("No IOProcessor plugin installed. Please refer to the "
                               "documentation and to the 'prithvi_geospatial_mae_io_processor' "
                               "offline inference example for more details.", param)
-        if task not in supported:
-            raise bad_request(f"Unsupported task: {task!r} Supported tasks: {supported}",
-                              param)
-        return task
+        if task in supported:
+            return task
+        if task in self.model_config.pooling_tasks:  # the model has it, the engine runs another
+            raise bad_request("Try switching the model's pooling_task via "
+                              f"--pooler-config.task {task}.", param)
+        raise bad_request(f"Unsupported task: {task!r} Supported tasks: {tuple(supported)}",
+                          param)
 
     def route_error(self, path: str) -> Optional[str]:
         """Why the served model cannot serve the pooling route `path` (the body of a 404

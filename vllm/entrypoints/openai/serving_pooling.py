@@ -18,7 +18,7 @@ from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,
                                                    list_response)
 from vllm.entrypoints.quantize import load_calibration, quantize
-from vllm.entrypoints.sparse import check_sparse
+from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
 from vllm.outputs import sparse_weights
 
 
@@ -48,6 +48,8 @@ class ServingPooling:
         task = ctx.task_for(route)
         if getattr(body, "task", None) is not None:  # /pooling may name the task
             task = ctx.check_task(body.task)
+        elif route == "/pooling":
+            task = ctx.model_config.encode_task
         params = ctx.make_params(task, **param_fields)
         raw_inputs = ctx.input_prompts(body.input)
         inputs = self._with_prompt(body, raw_inputs, task)
@@ -158,13 +160,26 @@ class ServingPooling:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
         if body.precision is not None or body.ranges is not None:
             raise bad_request("precision applies to /v1/embeddings only.", "precision")
-        if body.sparse:
-            raise bad_request("sparse is an option of /v1/embeddings, not /pooling.", "sparse")
+        mc = self.ctx.model_config
+        if body.sparse:  # BGE-M3's lexical weights, {token_id: weight}
+            try:
+                check_lexical(mc, body.task or mc.encode_task)
+            except ValueError as exc:
+                raise bad_request(str(exc), "sparse") from exc
+            if body.encoding_format != "float":
+                raise bad_request("sparse weights are JSON objects; use encoding_format "
+                                  "'float' with sparse.", "encoding_format")
         model, rid, outputs = await self.encode(
             http, "/pooling", body, "pool", softmax=body.softmax,
             use_activation=body.use_activation, dimensions=body.dimensions,
             normalize=body.normalize)
         values = [o.outputs.data for o in outputs]
+        if body.sparse:
+            data = (PoolingResponseData(index=i, data=lexical_weights(
+                mc, o.prompt_token_ids, o.outputs.data)) for i, o in enumerate(outputs))
+            return list_response(PoolingResponse(
+                id=rid, model=model, data=[], usage=UsageInfo.of(prompt_tokens(outputs))),
+                data, len(values))
         if body.encoding_format in BYTE_FORMATS:
             return self._bytes(body, rid, model, outputs, values)
         data = (PoolingResponseData(index=i, data=to_json_value(

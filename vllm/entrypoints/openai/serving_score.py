@@ -72,7 +72,7 @@ class ServingScores:
         if activation is not None or use_activation is not None:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
-        multi = ctx.model_config.is_multi_vector  # ColBERT: MaxSim of token vectors
+        multi = ctx.model_config.late_interaction  # ColBERT: MaxSim of token vectors
         params = ctx.make_params("token_embed" if multi else "embed")
         prompts = await ctx.tokenize(text_1, processor.cap_as_truncation(cap_q, truncate),
                                      param=None, side=side)

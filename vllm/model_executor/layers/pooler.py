@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from vllm.pooling_params import PoolingParams
+from vllm.pooling_params import TOKEN_TASKS, PoolingParams
 
 _VECTOR_POOLING = ("LAST", "CLS", "MEAN", "SPLADE")
 
@@ -39,6 +39,9 @@ class Pooler:
         self.dense = list(model.dense)
         self.score_activation = score_activation
         self.sparse_pool = getattr(model.model, "sparse_pool", None)
+        # A backbone's own per-token outputs (BGE-M3's lexical weights and ColBERT vectors).
+        self.token_weights = getattr(model.model, "token_weights", None)
+        self.token_vectors = getattr(model.model, "token_vectors", None)
         if pooling_type == "SPLADE" and self.sparse_pool is None:
             raise ValueError(f"SPLADE pooling needs a sparse model such as "
                              f"BertSpladeSparseEmbeddingModel, not {type(model.model).__name__}.")
@@ -47,9 +50,13 @@ class Pooler:
         """The flat rows LAST/CLS pooling reads (one per finishing request, in order), so
         the model can skip the last layer's output for every other token; None when
         pooling reads every token (MEAN, ALL, STEP)."""
-        if self.pooling_type not in ("LAST", "CLS"):
+        if self.pooling_type not in ("LAST", "CLS") or any(map(self._per_token, slices)):
             return None
         return self._row_index(slices, device)
+
+    def _per_token(self, s: PoolingSlice) -> bool:
+        """One row per token: the token tasks, and the seed's tasks under ALL / STEP."""
+        return s.params.task in TOKEN_TASKS or self.pooling_type not in _VECTOR_POOLING
 
     def __call__(self, hidden: torch.Tensor, slices: list[PoolingSlice],
                  selected: bool = False) -> list[torch.Tensor]:
@@ -57,9 +64,16 @@ class Pooler:
         `hidden` already holds just the `rows_needed` rows."""
         if not slices:
             return []
-        if self.pooling_type in _VECTOR_POOLING:
+        vector = [i for i, s in enumerate(slices) if not self._per_token(s)]
+        if len(vector) == len(slices):
             return self._vectors(hidden, slices, selected)
-        return [self._token_rows(hidden, s) for s in slices]
+        out: list = [None] * len(slices)
+        if vector:
+            pooled = self._vectors(hidden, [slices[i] for i in vector], selected)
+            for i, vec in zip(vector, pooled):
+                out[i] = vec
+        return [o if o is not None else self._token_rows(hidden, s)
+                for o, s in zip(out, slices)]
 
     # ----- one vector per request ----------------------------------------------------
     def _vectors(self, hidden: torch.Tensor, slices: list[PoolingSlice],
@@ -111,22 +125,28 @@ class Pooler:
     def _token_rows(self, hidden: torch.Tensor, s: PoolingSlice) -> torch.Tensor:
         _require_whole(s, self.pooling_type)
         rows = hidden[s.start: s.start + s.num_new]
-        if self.head is not None:
-            rows = self.head(rows)
-        rows = rows.float()
         p = s.params
-        if p.task == "token_embed":  # ColBERT: ST Dense per token, then unit length
+        if p.task == "token_embed":  # ST Dense per token, cut, then unit length
+            if self.token_vectors is not None:
+                rows = self.token_vectors(rows, s.token_ids)
             for layer in self.dense:
-                rows = layer(rows.to(hidden.dtype)).float()
+                rows = layer(rows.to(hidden.dtype))
+            rows = rows.float()[:, : p.dimensions] if p.dimensions else rows.float()
             return _own(F.normalize(rows, dim=-1) if p.normalize else rows)
+        if p.task == "token_classify" and self.token_weights is not None:
+            return _own(self.token_weights(rows, s.token_ids, bool(p.activation)))
+        if self.head is not None:
+            rows = getattr(self.head, "per_token", self.head)(rows) \
+                if p.task == "token_classify" else self.head(rows)
+        rows = rows.float()
         if self.pooling_type == "STEP":  # as upstream: columns, then tag rows, then activation
             if p.returned_token_ids:
                 rows = rows[:, p.returned_token_ids]
             if p.step_tag_id is not None:
                 ids = torch.tensor(s.token_ids, device=rows.device)
                 rows = rows[ids == p.step_tag_id]
-        if p.softmax:  # one column: sigmoid (a softmax over one value is always 1)
-            rows = _label_activation(rows)
+        if p.softmax or (p.task == "token_classify" and p.activation):
+            rows = _label_activation(rows)  # one column: sigmoid (softmax of one is 1)
         return _own(rows)
 
 

@@ -21,6 +21,17 @@ class ScoreHead(nn.Module):
         return self.score(pooled)
 
 
+class TokenClassifierHead(nn.Module):
+    """`*ForTokenClassification` on an encoder: one linear `classifier`, per token."""
+
+    def __init__(self, hidden_size: int, num_labels: int) -> None:
+        super().__init__()
+        self.classifier = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(hidden)
+
+
 class RewardHead(nn.Module):
     """Qwen2.5-Math-RM layout: Linear(h, h) -> ReLU -> Linear(h, num_labels), per token."""
 

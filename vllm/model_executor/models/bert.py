@@ -161,6 +161,11 @@ class BertClassifierHead(nn.Module):
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.tanh(self.pooler.dense(pooled)))
 
+    def per_token(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`token_classify`: the classifier on every token's state (the pooler's dense +
+        tanh belong to the CLS summary, as upstream)."""
+        return self.classifier(hidden)
+
 
 class BertForSequenceClassification(BertModel):
     """The BERT backbone; its classifier head is built by `build_classifier`."""
@@ -172,3 +177,20 @@ class BertForSequenceClassification(BertModel):
     @staticmethod
     def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
         return BertClassifierHead(config, num_labels)
+
+
+class TokenClassifierMixin:
+    """A BERT-family backbone with a linear `classifier` applied to every token (NER)."""
+
+    @staticmethod
+    def skip_weight(name: str) -> bool:
+        return name.endswith("position_ids") or name.startswith("pooler.")
+
+    @staticmethod
+    def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
+        from vllm.model_executor.models.adapters import TokenClassifierHead
+        return TokenClassifierHead(config.hidden_size, num_labels)
+
+
+class BertForTokenClassification(TokenClassifierMixin, BertModel):
+    """BERT for token classification."""

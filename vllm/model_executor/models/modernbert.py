@@ -194,6 +194,11 @@ class ModernBertClassifierHead(nn.Module):
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.head(pooled))
 
+    def per_token(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`token_classify` on the sequence classifier: the classifier alone on every
+        token (the head's dense/norm belong to the pooled summary, as upstream)."""
+        return self.classifier(hidden)
+
 
 class _PredictionHead(nn.Module):
     def __init__(self, config) -> None:
@@ -215,3 +220,22 @@ class ModernBertForSequenceClassification(ModernBertModel):
     @staticmethod
     def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
         return ModernBertClassifierHead(config, num_labels)
+
+
+class ModernBertForTokenClassification(ModernBertModel):
+    """ModernBERT with head (dense -> act -> norm) + classifier on every token (NER)."""
+
+    @staticmethod
+    def skip_weight(name: str) -> bool:
+        return name.startswith("decoder.") or "inv_freq" in name
+
+    @staticmethod
+    def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
+        return _TokenHead(config, num_labels)
+
+
+class _TokenHead(ModernBertClassifierHead):
+    """The token classifier applies head and classifier to every token."""
+
+    def per_token(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.forward(hidden)

@@ -18,6 +18,7 @@ class ModelEntry:
     convert: str          # what the class natively does: embed | classify | reward
     is_causal: bool       # causal (decoder) attention?
     multi_vector: bool = False  # one vector per token (ColBERT): token_embed + MaxSim
+    extra_tasks: tuple[str, ...] = ()  # pooling tasks beyond its convert's (BGE-M3)
 
 
 _DECODERS = {"Qwen2": "qwen2", "Qwen3": "qwen3", "Llama": "llama", "Mistral": "llama"}
@@ -40,6 +41,17 @@ _REGISTRY: dict[str, ModelEntry] = {
     "DebertaV2ForSequenceClassification":
         ModelEntry("deberta_v2", "DebertaV2ForSequenceClassification", "CLS", "classify",
                    False),
+    "BertForTokenClassification":
+        ModelEntry("bert", "BertForTokenClassification", "ALL", "classify", False),
+    "RobertaForTokenClassification":
+        ModelEntry("roberta", "RobertaForTokenClassification", "ALL", "classify", False),
+    "XLMRobertaForTokenClassification":
+        ModelEntry("roberta", "RobertaForTokenClassification", "ALL", "classify", False),
+    "ModernBertForTokenClassification":
+        ModelEntry("modernbert", "ModernBertForTokenClassification", "ALL", "classify",
+                   False),
+    "BgeM3EmbeddingModel": ModelEntry("bge_m3", "BgeM3EmbeddingModel", "CLS", "embed", False,
+                                      extra_tasks=("token_classify",)),
     "BertSpladeSparseEmbeddingModel":
         ModelEntry("splade", "BertSpladeSparseEmbeddingModel", "SPLADE", "embed", False),
     "HF_ColBERT": ModelEntry("colbert", "ColBERTBertModel", "ALL", "embed", False, True),
@@ -59,6 +71,7 @@ for _prefix, _module in _DECODERS.items():
 # Suffixes that an unregistered architecture may carry on top of a registered causal base.
 _ADAPTER_SUFFIXES = {
     "ForSequenceClassification": ("classify", "LAST"),
+    "ForTokenClassification": ("classify", "ALL"),
     "ForProcessRewardModel": ("reward", "STEP"),
     "ForRewardModel": ("reward", "ALL"),
     "ForRewardModeling": ("reward", "ALL"),
@@ -90,7 +103,8 @@ def supported_architectures() -> list[str]:
     names = set(_REGISTRY)
     for prefix in (*_DECODERS, "Gemma2", "Gemma3", "Gemma3Text"):
         names.update(f"{prefix}{suffix}" for suffix in
-                     ("ForSequenceClassification", "ForRewardModel", "ForProcessRewardModel"))
+                     ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel",
+                      "ForProcessRewardModel"))
     return sorted(names)
 
 
@@ -110,7 +124,7 @@ def resolve_architecture(arch: str) -> ResolvedArch:
     raise ValueError(
         f"Model architecture {arch!r} is not supported. Supported architectures: "
         f"{', '.join(supported_architectures())} (and any registered causal LM with a "
-        f"ForSequenceClassification / ForRewardModel suffix).")
+        f"ForSequenceClassification / ForTokenClassification / ForRewardModel suffix).")
 
 
 def convert_architecture(arch: ResolvedArch, convert: str) -> ResolvedArch:

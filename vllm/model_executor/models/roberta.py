@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm.model_executor.models.bert import BertModel
+from vllm.model_executor.models.bert import BertModel, TokenClassifierMixin
 from vllm.transformers_utils.config import roberta_position_offset
 
 
@@ -41,3 +41,7 @@ class RobertaForSequenceClassification(RobertaModel):
     @staticmethod
     def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
         return RobertaClassifierHead(config, num_labels)
+
+
+class RobertaForTokenClassification(TokenClassifierMixin, RobertaModel):
+    """RoBERTa / XLM-R for token classification."""
