@@ -174,3 +174,18 @@ def test_pooling_route_token_tasks(tmp_path, bert_embed_dir):
     finally:
         server.close()
         engine.shutdown()
+    engine = _engine(bert_embed_dir, pooler_config={"task": "token_embed"})
+    server = Server(engine)
+    try:
+        r = server.post("/pooling", {"input": TEXTS[0]})  # the engine's token task
+        assert r.status_code == 200, r.text
+        got = torch.tensor(r.json()["data"][0]["data"])
+        ids = mf.hf_tokenizer(bert_embed_dir)(TEXTS[0])["input_ids"]
+        ref = torch.nn.functional.normalize(mf.hf_hidden_states(bert_embed_dir, ids), dim=-1)
+        assert got.shape == ref.shape and mf.max_abs_diff(got, ref) < 1e-4
+        assert server.post("/v1/embeddings", {"input": "x"}).status_code == 404
+        rr = server.post("/rerank", {"query": "a b", "documents": ["a", "b c"]})
+        assert rr.status_code == 200, rr.text  # MaxSim, as ColBERT
+    finally:
+        server.close()
+        engine.shutdown()
