@@ -220,19 +220,23 @@ def test_unknown_engine_argument_is_named(bert_embed_dir):
     assert "not_a_real_engine_arg" in str(err.value)
 
 
-def test_a_lora_request_is_refused_not_dropped(bert_llm):
-    """Until adapters work, `lora_request` must not silently give the base model's numbers
-    (issue 26); None (or one None per prompt) is upstream's "no adapter" and is accepted,
-    and an unknown keyword is named."""
-    adapter = ("tenant-a", 1, "/adapters/tenant-a")
+def test_a_lora_request_without_enable_lora_is_refused_not_dropped(bert_llm):
+    """On an engine started without enable_lora, `lora_request` must not silently give the
+    base model's numbers (issue 26): the error says how to enable it; a value that is not a
+    LoRARequest is named; None (or one None per prompt) is upstream's "no adapter"; an
+    unknown keyword is named."""
+    from vllm.lora.request import LoRARequest
+    adapter = LoRARequest("tenant-a", 1, "/adapters/tenant-a")
     calls = {"embed": lambda **kw: bert_llm.embed(["a", "b"], **kw),
              "encode": lambda **kw: bert_llm.encode(["a", "b"], **kw),
              "score": lambda **kw: bert_llm.score("a", ["b", "c"], **kw)}
     for name, call in calls.items():
-        with pytest.raises(ValueError, match="LoRA adapters are not supported"):
+        with pytest.raises(ValueError, match="LoRA is not enabled.*enable_lora=True"):
             call(lora_request=adapter)
-        with pytest.raises(ValueError, match="LoRA adapters are not supported"):
+        with pytest.raises(ValueError, match="LoRA is not enabled|one lora_request"):
             call(lora_request=[None, adapter])
+        with pytest.raises(ValueError, match="must be a LoRARequest"):
+            call(lora_request=("tenant-a", 1, "/adapters/tenant-a"))
         assert len(call(lora_request=None)) == 2
         assert len(call(lora_request=[None, None])) == 2
         with pytest.raises(ValueError, match="not_a_real_kwarg"):

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vllm.config.cache import CacheConfig
 from vllm.config.gate import resolve_feature
+from vllm.config.lora import LoRAConfig
 from vllm.config.model import ModelConfig
 from vllm.config.scheduler import SchedulerConfig
 from vllm.logger import init_logger
@@ -17,6 +19,7 @@ class VllmConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
+    lora_config: Optional[LoRAConfig] = None  # enable_lora
 
     def __post_init__(self) -> None:
         mc = self.model_config

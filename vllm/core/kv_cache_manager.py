@@ -86,7 +86,7 @@ class KVCacheManager:
         """Hash the request's full prompt blocks (and its prompt's partial block) once."""
         if self.enable_caching and not request.block_hashes:
             request.block_hashes = hash_blocks(request.prompt_token_ids, self.block_size,
-                                               request.cache_salt, request.pool_key)
+                                               request.hash_extra, request.pool_key)
             cut = (request.prompt_len or 0) if self.cache_partials else 0
             i, rest = divmod(cut, self.block_size)
             if rest and cut <= request.num_tokens:
@@ -96,7 +96,7 @@ class KVCacheManager:
 
     def _parent(self, request: Request, i: int) -> bytes:
         """The chained hash block `i` of `request` continues."""
-        return request.block_hashes[i - 1] if i else _seed(request.cache_salt,
+        return request.block_hashes[i - 1] if i else _seed(request.hash_extra,
                                                            request.pool_key)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:

@@ -26,6 +26,9 @@ class Request:
     pooling_params: Any = None
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None
+    # The LoRA adapter's identity (its id and content digest), None for the base model: it
+    # enters the block hashes beside the cache salt, so adapters never share cached K/V.
+    lora_key: Optional[str] = None
     # Leading tokens that are a known shared run (a sentence-transformers prompt): the KV
     # cache keeps their partial last block too; MEAN/CLS pooling may exclude them.
     prompt_len: Optional[int] = None
@@ -43,6 +46,13 @@ class Request:
     partial_run: Optional[tuple[int, list[bytes]]] = None
     # The worker's partial pooled result across chunks (CLS/MEAN/ALL/STEP); opaque here.
     pool_state: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def hash_extra(self) -> Optional[str]:
+        """What enters the first block's hash besides token ids: cache salt and adapter."""
+        if self.lora_key is None:
+            return self.cache_salt
+        return f"{self.cache_salt or ''}\x00lora:{self.lora_key}"
 
     @property
     def num_tokens(self) -> int:

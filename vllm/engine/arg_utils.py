@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
 from vllm.config import CacheConfig, ModelConfig, PoolerConfig, SchedulerConfig, VllmConfig
+from vllm.config.lora import LoRAConfig
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -26,8 +27,8 @@ IGNORED_ARGS = (
 # name -> the value that means "off".
 UNSUPPORTED_ARGS: dict[str, Any] = {
     "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
-    "enable_lora": False, "speculative_config": None,
-    "max_lora_rank": None, "enable_expert_parallel": False, "limit_mm_per_prompt": None,
+    "speculative_config": None,
+    "enable_expert_parallel": False, "limit_mm_per_prompt": None,
     "rope_scaling": None, "rope_theta": None,
 }
 
@@ -59,6 +60,10 @@ class EngineArgs:
     truncation_side: Optional[str] = None
     embedding_calibration: Optional[str] = None
     rerank_max_chunks_per_doc: int = 0
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineArgs":
@@ -102,4 +107,13 @@ class EngineArgs:
             max_num_seqs=self.max_num_seqs,
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold)
-        return VllmConfig(model_config, cache_config, scheduler_config)
+        return VllmConfig(model_config, cache_config, scheduler_config, self._lora_config())
+
+    def _lora_config(self) -> Optional[LoRAConfig]:
+        """LoRAConfig when enable_lora (int8 projections cannot take an adapter's delta)."""
+        if not self.enable_lora:
+            return None
+        if self.quantization == "int8":
+            raise ValueError("enable_lora cannot be combined with quantization='int8': LoRA "
+                             "adds to float projections; drop one of them.")
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)

@@ -1,6 +1,7 @@
 """Identical requests in flight are computed once.
 
-A request whose token ids, token types, cache salt and (verified) pooling parameters equal
+A request whose token ids, token types, cache salt, LoRA adapter and (verified) pooling
+parameters equal
 those of a request already waiting or running becomes that request's *follower*: it is
 never scheduled, and when the leader finishes every follower gets its own output (a copy
 of the leader's, under its own id). This covers duplicates inside one request (the same
@@ -16,9 +17,11 @@ from vllm.engine.processor import TokenizedPrompt
 from vllm.pooling_params import PoolingParams
 
 
-def request_key(prompt: TokenizedPrompt, params: PoolingParams) -> Hashable:
+def request_key(prompt: TokenizedPrompt, params: PoolingParams,
+                lora_key: Optional[str] = None) -> Hashable:
+    """`lora_key`: the adapter's identity (None: the base model)."""
     return (tuple(prompt.prompt_token_ids), tuple(prompt.token_type_ids or ()),
-            prompt.cache_salt, prompt.prompt_len, repr(params))
+            prompt.cache_salt, prompt.prompt_len, repr(params), lora_key)
 
 
 class Deduplicator:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_manager import KVCacheManager
@@ -13,6 +14,7 @@ from vllm.engine.chunking import ChunkedInputs, parent_of
 from vllm.engine.dedup import Deduplicator, request_key
 from vllm.engine.processor import InputProcessor, TokenizedPrompt, load_tokenizer
 from vllm.logger import init_logger
+from vllm.lora.request import LoRARequest
 from vllm.outputs import PoolingOutput, PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.worker.model_runner import ModelRunner
@@ -59,16 +61,19 @@ class LLMEngine:
         return cls(engine_args.create_engine_config())
 
     def add_request(self, request_id: str, prompt: TokenizedPrompt,
-                    params: PoolingParams) -> None:
-        """Queue a tokenized prompt. Raises ValueError for a task the model cannot do
-        or parameters that do not belong to the task."""
+                    params: PoolingParams, lora_request: Optional[LoRARequest] = None) -> None:
+        """Queue a tokenized prompt, under `lora_request`'s adapter when given (loaded
+        now if it is not). Raises ValueError for a task the model cannot do, parameters
+        that do not belong to the task, or an adapter the engine refuses."""
         task = params.task or "encode"
         self.verify_task(task)
         params.verify(task, self.model_config)
         chunked = task == "embed" and bool(self.model_config.pooler_config
                                            .enable_chunked_processing)
         self.processor.check(prompt, chunked)
-        if self._dedup.leader_for(request_id, request_key(prompt, params)) is not None:
+        lora_key = self._lora_key(lora_request)
+        if self._dedup.leader_for(request_id,
+                                  request_key(prompt, params, lora_key)) is not None:
             self._stats.num_deduplicated += 1
             return
         parts = [(request_id, prompt)]
@@ -77,8 +82,31 @@ class LLMEngine:
         for rid, part in parts:
             self.scheduler.add_request(Request(rid, part.prompt_token_ids, params,
                                                part.token_type_ids, part.cache_salt,
-                                               prompt_len=part.prompt_len,
+                                               prompt_len=part.prompt_len, lora_key=lora_key,
                                                pool_key=self.runner.pool_key(part)))
+
+    # ----- LoRA adapters (upstream's LLMEngine names) ----------------------------------
+    def _lora_key(self, lora_request: Optional[LoRARequest]) -> Optional[str]:
+        if lora_request is None:
+            return None
+        if self.runner.lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} requested, but LoRA "
+                             "is not enabled; start the engine with enable_lora=True "
+                             "(--enable-lora).")
+        return self.runner.lora.add(lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter now (ValueError if refused); True once loaded."""
+        self._lora_key(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter; False if it was not loaded."""
+        return self.runner.lora is not None and self.runner.lora.remove(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the loaded adapters."""
+        return set() if self.runner.lora is None else self.runner.lora.loaded_ids()
 
     def verify_task(self, task: str) -> None:
         """Raise ValueError unless this engine runs `task`: one the model supports but the

@@ -16,12 +16,15 @@ from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
 from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
+from vllm.lora.request import LoRARequest
 from vllm.pooling_params import PoolingParams
 
 logger = init_logger(__name__)
 
 Prompts = Union[PromptType, Sequence[PromptType]]
 Params = Optional[Union[PoolingParams, Sequence[PoolingParams]]]
+# one adapter for every prompt, or one (or None) per prompt
+LoRAArg = Optional[Union[LoRARequest, Sequence[Optional[LoRARequest]]]]
 
 
 class LLM:
@@ -54,7 +57,7 @@ class LLM:
         token_classify); without one, the seed's raw `encode` task, which upstream 0.32
         has removed (a deprecation line is logged once). `sparse=True` (BGE-M3 under
         token_classify): each output's data is {token_id: weight}, max-pooled per id."""
-        _refuse_extra(kwargs)
+        lora = _refuse_extra(kwargs)
         mc = self.llm_engine.model_config
         task = pooling_task or mc.encode_task
         if sparse:
@@ -65,7 +68,7 @@ class LLM:
                            "pooling_task='token_embed' or 'token_classify' (or use "
                            "LLM.embed / LLM.classify / LLM.score).", task)
         outs = self._run(prompts, pooling_params, task, truncate_prompt_tokens, use_tqdm,
-                         truncation_side)
+                         truncation_side, lora=lora)
         for o in outs if sparse else ():
             o.outputs.data = lexical_weights(mc, o.prompt_token_ids, o.outputs.data)
         return outs
@@ -82,7 +85,7 @@ class LLM:
         ranges, here or from the engine's `embedding_calibration` file); `sparse=True`
         (SPLADE models): each output's `embedding` is {token_id: weight} of the non-zero
         weights instead of the vocabulary-size list."""
-        _refuse_extra(kwargs)
+        lora = _refuse_extra(kwargs)
         precision = check_precision(precision)
         if ranges is not None and precision not in ("int8", "uint8"):
             raise ValueError("ranges apply to precision int8 and uint8 only.")
@@ -94,7 +97,8 @@ class LLM:
         prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
         outs = self._run(prompt_list, pooling_params, "embed", truncate_prompt_tokens,
                          use_tqdm, truncation_side,
-                         processor.prompt_len(_as_list(prompts), prompt_name, prompt))
+                         processor.prompt_len(_as_list(prompts), prompt_name, prompt),
+                         lora=lora)
         if precision != "float32":
             ranges = ranges if ranges is not None else self._calibration(precision)
             for o in outs:
@@ -107,18 +111,18 @@ class LLM:
                  pooling_params: Params = None, truncate_prompt_tokens: Optional[int] = None,
                  *, truncation_side: Optional[str] = None,
                  **kwargs: Any) -> list[ClassificationRequestOutput]:
-        _refuse_extra(kwargs)
+        lora = _refuse_extra(kwargs)
         outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm,
-                         truncation_side)
+                         truncation_side, lora=lora)
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def reward(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
                use_tqdm: bool = True, pooling_params: Params = None, *,
                truncation_side: Optional[str] = None,
                **kwargs: Any) -> list[PoolingRequestOutput]:
-        _refuse_extra(kwargs)
+        lora = _refuse_extra(kwargs)
         return self._run(prompts, pooling_params, "reward", truncate_prompt_tokens, use_tqdm,
-                         truncation_side)
+                         truncation_side, lora=lora)
 
     def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]],
               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
@@ -127,7 +131,7 @@ class LLM:
               **kwargs: Any) -> list[ScoringRequestOutput]:
         """Cross-encoders score each (data_1, data_2) pair; embedding models score the
         cosine similarity of the two embeddings. Pairs: 1->1, 1->N, N->N."""
-        _refuse_extra(kwargs)
+        lora = _refuse_extra(kwargs)
         engine = self.llm_engine
         engine.verify_task("score")
         pairs = pair_texts(_texts(data_1), _texts(data_2))
@@ -135,10 +139,15 @@ class LLM:
             tokenized = [engine.processor.tokenize_pair(a, b, truncate_prompt_tokens,
                                                         truncation_side) for a, b in pairs]
             outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
-                                       use_tqdm)
+                                       use_tqdm, lora)
             return [ScoringRequestOutput.from_base(o) for o in outs]
+        if isinstance(lora, (list, tuple)):
+            if any(x != lora[0] for x in lora):
+                raise ValueError("score on an embedding model takes one lora_request for "
+                                 "all texts (a list is for cross-encoders: one per pair).")
+            lora = lora[0] if lora else None
         return self._embedding_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params,
-                                      truncation_side)
+                                      truncation_side, lora)
 
     # ----- internals -------------------------------------------------------------------
     def _calibration(self, precision: str) -> Any:
@@ -149,12 +158,13 @@ class LLM:
             self._ranges = load_calibration(path)
         return self._ranges
 
-    def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None):
+    def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None,
+                          lora=None):
         """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""
         multi = self.llm_engine.model_config.late_interaction
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))
         embeds = self._run(texts, params, "token_embed" if multi else "embed",
-                           truncate_prompt_tokens, use_tqdm, side)
+                           truncate_prompt_tokens, use_tqdm, side, lora=lora)
         by_text = dict(zip(texts, embeds))
         similarity = maxsim if multi else cosine_score
         results = []
@@ -171,7 +181,8 @@ class LLM:
     def _run(self, prompts: Prompts, params: Params, task: str,
              truncate_prompt_tokens: Optional[int], use_tqdm: bool,
              truncation_side: Optional[str] = None,
-             prompt_len: Optional[int] = None) -> list[PoolingRequestOutput]:
+             prompt_len: Optional[int] = None,
+             lora: LoRAArg = None) -> list[PoolingRequestOutput]:
         """`prompt_len`: the leading tokens of every prompt that are its
         sentence-transformers prompt (see InputProcessor.prompt_len)."""
         self.llm_engine.verify_task(task)
@@ -182,22 +193,23 @@ class LLM:
                                                             truncation_side)
         for t in tokenized:
             t.prompt_len = prompt_len
-        return self._run_tokenized(tokenized, _params_list(params, len(prompt_list)), task,
-                                   use_tqdm)
+        params_list = _per_prompt(params, PoolingParams, len(prompt_list), "PoolingParams")
+        return self._run_tokenized(tokenized, params_list, task, use_tqdm, lora)
 
     def _run_tokenized(self, tokenized: list[TokenizedPrompt],
                        params: list[Optional[PoolingParams]], task: str,
-                       use_tqdm: bool) -> list[PoolingRequestOutput]:
+                       use_tqdm: bool, lora: LoRAArg = None) -> list[PoolingRequestOutput]:
         engine = self.llm_engine
         verified = []
         for p in params:
             p = p.clone() if p is not None else PoolingParams()
             p.verify(task, engine.model_config)
             verified.append(p)
+        loras = _per_prompt(lora, LoRARequest, len(tokenized), "lora_request entries")
         ids = [str(next(self._ids)) for _ in tokenized]
         try:
-            for rid, prompt, p in zip(ids, tokenized, verified):
-                engine.add_request(rid, prompt, p)
+            for rid, prompt, p, adapter in zip(ids, tokenized, verified, loras):
+                engine.add_request(rid, prompt, p, adapter)
             return self._drain(ids, use_tqdm)
         except BaseException:
             engine.abort_request(ids)
@@ -239,26 +251,28 @@ def _text(item: Union[str, dict]) -> str:
     return item
 
 
-def _params_list(params: Params, n: int) -> list[Optional[PoolingParams]]:
-    if params is None or isinstance(params, PoolingParams):
-        return [params] * n
-    params = list(params)
-    if len(params) != n:
-        raise ValueError(f"Got {len(params)} PoolingParams for {n} prompts; pass one, or "
+def _per_prompt(value, single: type, n: int, what: str) -> list:
+    """`value` for each of `n` prompts: None or one `single` for all, else one per prompt."""
+    if value is None or isinstance(value, single):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(f"Got {len(values)} {what} for {n} prompts; pass one, or "
                          "one per prompt.")
-    return params
+    return values
 
 
-def _refuse_extra(kwargs: dict) -> None:
-    """Upstream's keywords this engine takes only at their off value, then anything else: a
-    ValueError, never silently dropped (a LoRA request would return base-model numbers)."""
+def _refuse_extra(kwargs: dict) -> LoRAArg:
+    """Pop `lora_request` (returned) and upstream's keywords this engine takes only at
+    their off value; anything else is a ValueError, never silently dropped."""
     lora = kwargs.pop("lora_request", None)
-    if lora is not None and not (isinstance(lora, (list, tuple)) and
-                                 all(x is None for x in lora)):
-        raise ValueError("lora_request: LoRA adapters are not supported by this engine yet; "
-                         "serve the adapter merged into its base model, or pass "
-                         "lora_request=None.")
+    items = lora if isinstance(lora, (list, tuple)) else [lora]
+    bad = [x for x in items if x is not None and not isinstance(x, LoRARequest)]
+    if bad:
+        raise ValueError(f"lora_request must be a LoRARequest (vllm.lora.request), a list "
+                         f"of them (or None), or None; got {type(bad[0]).__name__}.")
     if kwargs.get("tokenization_kwargs") is None:
         kwargs.pop("tokenization_kwargs", None)
     if kwargs:
         raise ValueError(f"Unexpected argument(s): {', '.join(sorted(kwargs))}.")
+    return lora

@@ -48,6 +48,7 @@ class ModelRunner:
         if self.uses_kv_cache:
             self._allocate_kv_cache()
         self.tracker = self._pool_tracker()
+        self.lora = self._lora_manager()
 
     # ----- KV cache -------------------------------------------------------------------
     def _blocks_per_prompt(self) -> int:
@@ -142,12 +143,40 @@ class ModelRunner:
             return None
         return self.tracker.key(len(prompt.prompt_token_ids), prompt.prompt_len)
 
+    def _lora_manager(self):
+        """The LoRA adapters (enable_lora): their per-adapter heads replace the pooler's."""
+        lc = self.config.lora_config
+        if lc is None:
+            return None
+        from vllm.lora.manager import LoRAManager
+        mc = self.config.model_config
+        manager = LoRAManager(self.model, lc, self.device, mc.dtype,
+                              mc.pooler_config.pooling_type in ("ALL", "STEP"))
+        if manager.heads is not None:
+            self.pooler.head = manager.heads
+        return manager
+
+    def _begin_lora(self, out: SchedulerOutput, meta: AttentionMetadata) -> None:
+        """This step's rows per adapter, for every LoRA projection and head."""
+        if self.lora is not None:
+            self.lora.begin_step([s.request.lora_key for s in out.scheduled],
+                                 meta.query_start_loc, meta.output_rows,
+                                 [i for i, s in enumerate(out.scheduled) if s.finishes])
+
     # ----- one step -------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
         """Run the scheduled tokens; return pooled outputs of requests that finished."""
         if not out.scheduled:
             return {}
+        if self.lora is None:
+            return self._execute(out)
+        try:
+            return self._execute(out)
+        finally:
+            self.lora.end_step()
+
+    def _execute(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
         self._copy_blocks(out)
         # Lay requests out by shape so attention buckets are contiguous slices.
         out.scheduled.sort(key=lambda s: sort_key(s.num_computed, s.num_new))
@@ -162,9 +191,11 @@ class ModelRunner:
                 ids.append(req.request_id)
         if self.tracker is not None:  # partial state across chunks / cached blocks
             meta.output_rows = self.tracker.rows_needed(out, meta, self.device)
+            self._begin_lora(out, meta)
             hidden = self.model(input_ids, positions, meta, token_types)
             return self.tracker.run(hidden, out, meta)
         meta.output_rows = self.pooler.rows_needed(slices, self.device)
+        self._begin_lora(out, meta)
         hidden = self.model(input_ids, positions, meta, token_types)
         return dict(zip(ids, self.pooler(hidden, slices,
                                          selected=meta.output_rows is not None)))

@@ -156,6 +156,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return TORCH.linear(x, weight, bias, activation)
 
 
+def apply_activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The named activation (see `check_activation`) as a separate torch op."""
+    return _ACTIVATIONS[name][2](x)
+
+
 def check_activation(name: str) -> str:
     if name not in _ACTIVATIONS:
         raise ValueError(f"hidden_act {name!r} is not supported (supported: "
@@ -175,8 +180,13 @@ class Linear(nn.Linear):
         self.packed: Optional[Weight] = None  # set by bind() where the GEMM packs
         # set by bind() where a few-row kernel reads the packed weight (layers.skinny_gemm)
         self.skinny: Optional[Union[SkinnyWeight, tuple[SkinnyWeight, SkinnyWeight]]] = None
+        # vllm.lora.layers.LoRALayer where an adapter targets this projection: rows of a
+        # step under an adapter get its delta before the epilogue (no weight merge).
+        self.lora = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lora is not None and (groups := self.lora.groups(x)):
+            return self.lora.forward(self, x, groups)
         if self.skinny is not None and self.skinny.takes(x):
             return _skinny_activation(self.skinny, x, self.bias, self.activation)
         return self.gemm.linear(x, self._gemm_weight(), self.bias, self.activation)
@@ -184,6 +194,8 @@ class Linear(nn.Linear):
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b + residual; only for layers without an activation."""
         assert self.activation is None, "forward_add is for projections without activation"
+        if self.lora is not None and (groups := self.lora.groups(x)):
+            return self.lora.forward(self, x, groups, residual=residual)
         if self.skinny is not None and self.skinny.takes(x):
             return self.skinny(x, self.bias, "add", residual)
         return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
@@ -191,9 +203,17 @@ class Linear(nn.Linear):
     def forward_mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) * other; only for layers without an activation."""
         assert self.activation is None, "forward_mul is for projections without activation"
+        if self.lora is not None and (groups := self.lora.groups(x)):
+            return self.lora.forward(self, x, groups, other=other)
         if self.skinny is not None and self.skinny.takes(x):
             return self.skinny(x, self.bias, "mul", other)
         return self.gemm.linear_mul(x, other, self._gemm_weight(), self.bias)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T + b on the bound GEMM, without the activation (LoRA adds before it)."""
+        if self.skinny is not None and self.skinny.takes(x):
+            return self.skinny(x, self.bias)
+        return self.gemm.linear(x, self._gemm_weight(), self.bias, None)
 
     def _gemm_weight(self) -> Weight:
         return self.weight if self.packed is None else self.packed
@@ -238,10 +258,20 @@ class GatedLinear(Linear):
         self.gate_activation = check_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lora is not None and (groups := self.lora.groups(x)):
+            return self.lora.forward(self, x, groups)
         if self.skinny is not None and self.skinny[0].takes(x):
             gate, up = self.skinny
             return up(x, None, "mul", _skinny_activation(gate, x, None, self.gate_activation))
         return self.gemm.gated(x, self._gemm_weight(), self.gate_activation)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """(x @ gate.T, x @ up.T) on the bound GEMM, before the activation and product."""
+        if self.skinny is not None and self.skinny[0].takes(x):
+            return self.skinny[0](x, None), self.skinny[1](x, None)
+        w = self._gemm_weight()
+        gate, up = w if isinstance(w, tuple) else w.chunk(2, dim=0)
+        return self.gemm.linear(x, gate, None, None), self.gemm.linear(x, up, None, None)
 
     def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
         gate, up = weight.chunk(2, dim=0)

@@ -1,0 +1,1 @@
+"""LoRA adapters on pooling models: requests, PEFT files, per-step batched deltas."""

@@ -1,0 +1,140 @@
+"""LoRAManager: the adapters loaded into one model, and the step's row -> adapter map.
+
+An adapter is loaded on first use (`add`): its PEFT config is checked, its factors are
+laid out per projection of ours (`adapter_weights.build`) and attached to those layers
+under a fresh slot. At most `max_cpu_loras` stay loaded; the least recently used one not
+needed by the running step is dropped, and loaded again from its directory when a request
+still names it. `begin_step` turns the scheduled requests' adapters into `StepRows`.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from vllm.config.lora import LoRAConfig
+from vllm.logger import init_logger
+from vllm.lora.adapter_weights import build
+from vllm.lora.layers import AdapterHeads, LoRALayer, StepRows
+from vllm.lora.peft_config import PeftConfig, content_digest
+from vllm.lora.request import LoRARequest
+from vllm.lora.targets import check_supported
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class LoadedAdapter:
+    request: LoRARequest
+    key: str                      # identity in the prefix cache and the dedup key
+    slot: int                     # index into every layer's factors
+    layers: list[nn.Module] = field(default_factory=list)
+
+
+class LoRAManager:
+    def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device,
+                 dtype: torch.dtype, per_request_head: bool) -> None:
+        check_supported(model.model)
+        self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        self.step = StepRows()
+        self.heads = AdapterHeads(model.head, self.step, per_request_head) \
+            if model.head is not None else None
+        self._loaded: OrderedDict[int, LoadedAdapter] = OrderedDict()  # LRU first
+        self._known: dict[str, LoRARequest] = {}  # key -> request, to reload evicted ones
+        self._slots = itertools.count(1)
+
+    # ----- adapters --------------------------------------------------------------------
+    def add(self, request: LoRARequest) -> str:
+        """Load `request`'s adapter unless its id is loaded (`load_inplace`: reload);
+        returns its key. Raises ValueError for an adapter this engine refuses."""
+        loaded = self._loaded.get(request.lora_int_id)
+        if loaded is not None and not request.load_inplace:
+            self._loaded.move_to_end(request.lora_int_id)
+            return loaded.key
+        adapter = self._load(request)
+        if loaded is not None:
+            self._detach(loaded)
+        self._loaded[request.lora_int_id] = adapter
+        self._known[adapter.key] = request
+        self._trim({request.lora_int_id})
+        return adapter.key
+
+    def remove(self, lora_int_id: int) -> bool:
+        """Unload an adapter; False if it was not loaded."""
+        adapter = self._loaded.pop(lora_int_id, None)
+        if adapter is None:
+            return False
+        self._detach(adapter)
+        return True
+
+    def loaded_ids(self) -> set[int]:
+        return set(self._loaded)
+
+    def _load(self, request: LoRARequest) -> LoadedAdapter:
+        cfg = PeftConfig.from_dir(request.lora_path)
+        cfg.validate(self.config.max_lora_rank)
+        factors, heads = build(self.model.model, cfg, request.lora_path,
+                               self.config.max_lora_rank, self.dtype, self.device)
+        if heads and self.heads is None:
+            raise ValueError(f"The adapter {request.lora_name!r} replaces the "
+                             f"{sorted(heads)} head, but this model has no classification "
+                             "head (it serves embeddings); serve a classifier checkpoint.")
+        adapter = LoadedAdapter(request, f"{request.lora_int_id}:"
+                                f"{content_digest(request.lora_path)}", next(self._slots))
+        for layer, pair in factors:
+            if layer.lora is None:
+                layer.lora = LoRALayer(self.step)
+            layer.lora.factors[adapter.slot] = pair
+            adapter.layers.append(layer)
+        for child, tensors in heads.items():
+            self.heads.add(adapter.slot, child, tensors)
+        logger.info("Loaded LoRA adapter %r (id %d, rank %d) from %s: %d projections%s.",
+                    request.lora_name, request.lora_int_id, cfg.max_rank, request.lora_path,
+                    len(factors), f", own {', '.join(heads)} head" if heads else "")
+        return adapter
+
+    def _detach(self, adapter: LoadedAdapter) -> None:
+        for layer in adapter.layers:
+            layer.lora.factors.pop(adapter.slot, None)
+        if self.heads is not None:
+            self.heads.heads.pop(adapter.slot, None)
+
+    def _trim(self, keep: set[int]) -> None:
+        """Drop least recently used adapters beyond max_cpu_loras (never those in `keep`)."""
+        for lora_id in list(self._loaded):
+            if len(self._loaded) <= self.config.max_cpu_loras:
+                return
+            if lora_id not in keep:
+                self._detach(self._loaded.pop(lora_id))
+
+    def _slot_of(self, key: Optional[str]) -> int:
+        if key is None:
+            return 0
+        lora_id = int(key.split(":", 1)[0])
+        adapter = self._loaded.get(lora_id)
+        if adapter is None or adapter.key != key:
+            request = self._known[key]
+            self._loaded[lora_id] = adapter = self._load(request)
+            if adapter.key != key:
+                raise ValueError(f"LoRA adapter {request.lora_name!r} changed on disk "
+                                 f"({request.lora_path}) since it was first loaded.")
+        self._loaded.move_to_end(lora_id)
+        return adapter.slot
+
+    # ----- one step --------------------------------------------------------------------
+    def begin_step(self, keys: list[Optional[str]], starts: list[int],
+                   pooled_rows: Optional[torch.Tensor], finishing: list[int]) -> None:
+        """`keys[i]`: scheduled request i's adapter key (None = base), its flat rows
+        starts[i]:starts[i+1]; `pooled_rows`: rows the last layer keeps; `finishing`: the
+        indices of the requests pooled in this step, in pooling order."""
+        slots = [self._slot_of(k) for k in keys]
+        self._trim({int(k.split(":", 1)[0]) for k in keys if k is not None})
+        rows = None if pooled_rows is None else pooled_rows.tolist()
+        self.step.set(slots, starts, rows, [slots[i] for i in finishing], self.device)
+
+    def end_step(self) -> None:
+        self.step.clear()
