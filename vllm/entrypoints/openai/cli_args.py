@@ -183,12 +183,14 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         help="Tokens per KV-cache block (default 16).")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=None,
-                        help="Reuse the KV cache of shared prompt prefixes. Unset: on exactly "
-                        "for causal models with LAST pooling.")
+                        help="Reuse the KV cache of shared prompt prefixes. Unset: on for "
+                        "causal models with LAST pooling; set: exact for every pooling type "
+                        "on causal models, refused (with a warning) on bidirectional ones.")
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=None,
-                        help="Split long prompts over several steps. Unset: on exactly for "
-                        "causal models with LAST pooling.")
+                        help="Split long prompts over several steps. Unset: on for causal "
+                        "models with LAST pooling; set: exact for every pooling type on causal "
+                        "models, refused (with a warning) on bidirectional ones.")
     engine.add_argument("--max-num-batched-tokens", type=_human_int, default=None,
                         help="Token budget of one engine step (default 8192; with chunked "
                         "prefill off, at least max_model_len).")

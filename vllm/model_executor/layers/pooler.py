@@ -1,8 +1,10 @@
 """Pooling (LAST, CLS, MEAN, ALL, STEP, SPLADE) and the per-task heads applied after it.
 
 The pooler runs only for requests whose final prompt token was computed in this step.
-CLS/MEAN/ALL/STEP need every token in the step (the gate keeps chunking and caching off
-for them); LAST needs only the final token, which is always computed. SPLADE reduces a
+CLS/MEAN/ALL/STEP read every token in the step; when chunked prefill or prefix caching
+was asked for on a causal model, `worker/pool_steps.py` assembles the request's pooled
+vector or rows across steps and cached blocks first and hands them here whole. LAST needs
+only the final token, which is always computed. SPLADE reduces a
 request's rows through the backbone's own `sparse_pool` (MLM logits -> vocabulary weights).
 """
 from __future__ import annotations
