@@ -23,7 +23,8 @@ _CLASSES = {"base": "AutoModel", "causal": "AutoModelForCausalLM",
 def _load(base_dir, kind: str):
     import transformers
     cls = getattr(transformers, _CLASSES[kind])
-    return cls.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    return cls.from_pretrained(str(base_dir), dtype=torch.float32,
+                               attn_implementation="eager").eval()
 
 
 def make_adapter(base_dir, out_dir, *, kind: str = "base", r: int = 4, alpha: float = 8,
