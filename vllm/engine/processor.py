@@ -47,6 +47,13 @@ class TokenizedPrompt:
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None   # separates prefix-cache entries (e.g. per tenant)
     prompt_len: Optional[int] = None   # leading tokens that are a sentence-transformers prompt
+    # An image prompt's pixels (vllm.multimodal.inputs.ImageInputs); its ids are placeholders
+    images: Any = None
+
+    @property
+    def mm_key(self) -> Optional[tuple[str, ...]]:
+        """The content hashes of the prompt's images (None: a text prompt)."""
+        return None if self.images is None else tuple(self.images.hashes)
 
 
 @dataclass
@@ -57,6 +64,7 @@ class TextPrompt:
     truncate_prompt_tokens: Optional[int] = None
     truncation_side: Optional[str] = None
     prompt_len: Optional[int] = None
+    cache_salt: Optional[str] = None
 
 
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
@@ -92,6 +100,23 @@ class InputProcessor(SentenceTransformersPrompts):
         # do_lower_case attribute set after loading.
         self.lower_case = bool(model_config.st_config and model_config.st_config.do_lower_case)
         self._prompt_lens: dict[str, int] = {}
+        self._images = None  # ImagePrompts, built on the first image prompt
+
+    def _image_prompt(self, prompt: dict, add_special_tokens: bool) -> TokenizedPrompt:
+        """A prompt dict with `multi_modal_data` (dual encoders: an image, no text)."""
+        if not self.mc.is_multimodal:
+            raise ValueError(f"{self.mc.architecture} takes no images; send text prompts.")
+        if self._images is None:
+            from vllm.multimodal.inputs import ImagePrompts
+            self._images = ImagePrompts(self.mc, self.tokenizer)
+        text = prompt.get("prompt_token_ids")
+        if text is None and prompt.get("prompt"):
+            text = self._call(prompt["prompt"], None, None, None,
+                              add_special_tokens=add_special_tokens)["input_ids"]
+        ids, images = self._images.build(prompt, text)
+        out = TokenizedPrompt(ids, images=images)
+        self.check(out)
+        return out
 
     def _text(self, text: str, field: str = "input") -> str:
         check_text(text, field)
@@ -245,6 +270,10 @@ class InputProcessor(SentenceTransformersPrompts):
             salt = prompt.get("cache_salt")
             if salt is not None and not isinstance(salt, str):
                 raise ValueError("cache_salt must be a string.")
+            if "multi_modal_data" in prompt:
+                out = self._image_prompt(prompt, add_special_tokens)
+                out.cache_salt = salt
+                return out
             if "prompt_token_ids" in prompt:
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
@@ -300,6 +329,7 @@ class InputProcessor(SentenceTransformersPrompts):
             for i, result in zip(idx, done):
                 if isinstance(result, TokenizedPrompt):
                     result.prompt_len = prompts[i].prompt_len
+                    result.cache_salt = prompts[i].cache_salt
                 out[i] = result
         return out  # type: ignore[return-value]
 
@@ -355,7 +385,7 @@ class InputProcessor(SentenceTransformersPrompts):
                 f"processing). However, you requested {len(ids)} tokens in the input for "
                 "pooling. Please reduce the length of the input prompt, or pass "
                 "truncate_prompt_tokens.")
-        if not chunked and len(ids) > self.mc.max_model_len:
+        if not chunked and prompt.images is None and len(ids) > self.mc.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {self.mc.max_model_len} tokens. "
                 f"However, you requested {len(ids)} tokens in the input for pooling. Please "

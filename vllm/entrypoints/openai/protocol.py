@@ -35,7 +35,7 @@ TruncationSide = Optional[Literal["left", "right"]]
 UNSUPPORTED_UPSTREAM_FIELDS = frozenset({
     "messages", "chat_template", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message", "mm_processor_kwargs", "embed_dtype",
-    "endianness", "max_tokens_per_doc", "max_tokens_per_query", "cache_salt",
+    "endianness", "max_tokens_per_doc", "max_tokens_per_query",
     "return_token_ids", "tools", "lora_request"})
 
 
@@ -60,6 +60,21 @@ class EngineRequest(OpenAIBaseModel):
 
     priority: int = 0
     request_id: Optional[Text] = None  # upstream's: the response id's suffix
+    cache_salt: Optional[Any] = None  # upstream's: separates this client's cached prefixes
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt(cls, value: Any) -> Optional[str]:
+        """Upstream's rule: a non-empty string of at most 128 characters, none of them
+        '@', '/', '\\' or NUL (the salt enters block hashes, and logs)."""
+        if value is None:
+            return value
+        if not isinstance(value, str) or not value:
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        if len(value) > 128 or any(c in value for c in "@/\\\0"):
+            raise ValueError("Parameter 'cache_salt' must be at most 128 characters and must "
+                             "not contain '@', '/', '\\\\', or NUL.")
+        return value
 
     @field_validator("priority")
     @classmethod

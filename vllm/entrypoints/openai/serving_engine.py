@@ -247,11 +247,15 @@ class ServingContext:
 
     # ----- running --------------------------------------------------------------------
     async def run(self, request: Request, prompts: Sequence[Any], params: PoolingParams,
-                  base_id: str, param: Optional[str] = "input") -> list[Any]:
+                  base_id: str, param: Optional[str] = "input",
+                  salt: Optional[str] = None) -> list[Any]:
         """Send every prompt to the engine at once (they share steps); return the outputs
         in prompt order. A client disconnect or a failure aborts all of them; a prompt the
-        engine refuses is a 400 naming `param`."""
+        engine refuses is a 400 naming `param`. `salt`: the request's `cache_salt`, which
+        keeps its cached prefixes apart from every other salt's."""
         engine = self.engine
+        for p in prompts if salt is not None else ():
+            p.cache_salt = salt
         self.limits.check_room(engine.num_pending, len(prompts))
         start = time.perf_counter()
         # Engine ids stay unique even when clients reuse an X-Request-Id.

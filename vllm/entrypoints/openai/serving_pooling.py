@@ -64,7 +64,8 @@ class ServingPooling:
             for p in prompts:
                 p.prompt_len = n
         response_id = ctx.response_id(http, prefix, body)
-        outputs = await ctx.run(http, prompts, params, response_id)
+        outputs = await ctx.run(http, prompts, params, response_id,
+                                salt=getattr(body, "cache_salt", None))
         return model, response_id, outputs
 
     def _with_prompt(self, body: Any, inputs: list[Any], task: str) -> list[Any]:

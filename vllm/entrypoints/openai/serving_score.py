@@ -66,7 +66,8 @@ class ServingScores:
                     lambda: [processor.cap_text(t, cap_q, side) for t in text_1])
             prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
                                                truncate, side, cap_d)
-            outputs = await ctx.run(http, prompts, params, base_id, param=None)
+            outputs = await ctx.run(http, prompts, params, base_id, param=None,
+                                    salt=body.cache_salt)
             scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
             return scores, prompt_tokens(outputs)
         if activation is not None or use_activation is not None:
@@ -78,7 +79,8 @@ class ServingScores:
                                      param=None, side=side)
         prompts += await ctx.tokenize(text_2, processor.cap_as_truncation(cap_d, truncate),
                                       param=None, side=side)
-        outputs = await ctx.run(http, prompts, params, base_id, param=None)
+        outputs = await ctx.run(http, prompts, params, base_id, param=None,
+                                salt=body.cache_salt)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
         if multi:
             scores = [float(maxsim(first[i].outputs.data, second[j].outputs.data))
@@ -119,7 +121,8 @@ class ServingScores:
                                      use_activation=body.use_activation)
         else:
             params = ctx.make_params("embed")
-        outputs = await self._run_prefix_first(http, flat, params, base_id, cross)
+        outputs = await self._run_prefix_first(http, flat, params, base_id, cross,
+                                               body.cache_salt)
         vectors = [o.outputs.data.reshape(-1) for o in outputs]
         if not cross:
             query_vec, vectors = vectors[0], vectors[1:]
@@ -133,15 +136,17 @@ class ServingScores:
         return scores, prompt_tokens(outputs)
 
     async def _run_prefix_first(self, http: Request, prompts: list[Any], params: Any,
-                                base_id: str, shared_prefix: bool) -> list[Any]:
+                                base_id: str, shared_prefix: bool,
+                                salt: Optional[str] = None) -> list[Any]:
         """With prefix caching, the first (query, window) pair runs alone so that every
         other window finds the query's blocks cached instead of computing them alongside."""
         ctx = self.ctx
         cached = ctx.engine.vllm_config.cache_config.enable_prefix_caching
         if not (shared_prefix and cached and len(prompts) > 1):
-            return await ctx.run(http, prompts, params, base_id, param=None)
-        first = await ctx.run(http, prompts[:1], params, base_id, param=None)
-        return first + await ctx.run(http, prompts[1:], params, base_id, param=None)
+            return await ctx.run(http, prompts, params, base_id, param=None, salt=salt)
+        first = await ctx.run(http, prompts[:1], params, base_id, param=None, salt=salt)
+        return first + await ctx.run(http, prompts[1:], params, base_id, param=None,
+                                     salt=salt)
 
     async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:
         model = self.ctx.check_model(body.model)
