@@ -189,3 +189,24 @@ def test_pooling_route_token_tasks(tmp_path, bert_embed_dir):
     finally:
         server.close()
         engine.shutdown()
+
+
+@pytest.mark.parametrize("task", ["token_classify", "token_embed"])
+def test_token_tasks_exact_with_caching_and_chunking_on_causal_models(task, tmp_path,
+                                                                       qwen3_embed_dir):
+    """Asked for, prefix caching and chunked prefill run token tasks on a causal model
+    exactly (as ALL pooling: cached blocks carry their rows); a repeat reports hits."""
+    path = str(NER_BUILDERS["qwen3"](tmp_path / "q3")) if task == "token_classify" \
+        else qwen3_embed_dir
+    kw = {"pooler_config": {"task": task}} if task == "token_embed" else {}
+    base = " ".join(f"w{i % 5}" for i in range(50))
+    texts = [base + " tail one", base + " another tail here", base + " x"]
+    fast = _llm(path, enable_prefix_caching=True, enable_chunked_prefill=True,
+                max_num_batched_tokens=37, **kw)
+    plain = _llm(path, enable_prefix_caching=False, enable_chunked_prefill=False, **kw)
+    want = plain.encode(texts, pooling_task=task, use_tqdm=False)
+    for repeat in range(2):
+        got = fast.encode(texts, pooling_task=task, use_tqdm=False)
+        for g, w in zip(got, want):
+            assert mf.max_abs_diff(g.outputs.data, w.outputs.data) < 1e-5
+        assert (min(o.num_cached_tokens for o in got) > 0) == (repeat == 1)
