@@ -63,11 +63,11 @@ class PoolTracker:
     def _state(self, req: Request, num_computed: int, block_ids: list[int]) -> RequestPoolState:
         """`req`'s state with every position below `num_computed` accounted."""
         st = req.pool_state
-        if st is None or st.done > num_computed:  # new, or preempted and restarted
+        if st is None or st.done != num_computed:  # new, or preempted and re-admitted
             st = RequestPoolState(self.kind, pool_position(self.kind, self._skip(req),
                                                            req.num_tokens), req.num_tokens)
             req.pool_state = st
-        if st.done < num_computed:  # the rest came from the prefix cache
+        if st.done < num_computed:  # whole blocks found in the prefix cache
             if self.store is None:
                 raise RuntimeError("a cached prefix without a pooling payload store")
             st.load(self.store, block_ids, num_computed)
