@@ -43,6 +43,8 @@ def _split(tensors: dict[str, torch.Tensor]):
     heads: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         module, kind = split_tensor_name(name)
+        if kind == "base":
+            continue
         if kind != "full":
             pairs.setdefault(module, {})[kind] = tensor
             continue

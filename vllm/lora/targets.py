@@ -31,13 +31,16 @@ class Target:
 
 def split_tensor_name(name: str) -> tuple[str, str]:
     """'base_model.model.X.lora_A.weight' -> ('X', 'A'); a full tensor of a saved module
-    ('base_model.model.classifier.weight') -> ('classifier.weight', 'full')."""
+    ('base_model.model.classifier.weight') -> ('classifier.weight', 'full'); a saved copy
+    of a base weight -> (name, 'base'), which is ignored as upstream does."""
     if name.startswith(_WRAPPER):
         name = name[len(_WRAPPER):]
     for kind in ("A", "B"):
         for marker in (f".lora_{kind}.weight", f".lora_{kind}.default.weight"):
             if name.endswith(marker):
                 return name[: -len(marker)], kind
+    if ".base_layer." in name:
+        return name, "base"  # PEFT's copy of a base embedding weight (save_embedding_layers)
     if ".lora_embedding_" in name or ".lora_magnitude_vector" in name:
         raise ValueError(f"LoRA tensor {name!r} is not supported: only lora_A / lora_B of "
                          "linear projections (no embedding LoRA, no DoRA).")
