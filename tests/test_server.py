@@ -218,6 +218,7 @@ def test_classify_labels_and_probs(classifier3, bert_cls3_dir):
         r = classifier3.post(route, body)
         assert r.status_code == 404, r.text
         assert "POST /classify" in r.json()["error"]["message"]
+        assert r.json()["detail"] == "Not Found"  # upstream's body (no such route there)
 
 
 # ----- tokens, models, health, version, metrics ------------------------------------------

@@ -74,9 +74,11 @@ def error_response(status: int, message: str, param: Optional[str] = None,
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
-def error_bytes(status: int, message: str, param: Optional[str] = None) -> bytes:
-    """The error body serialized, for ASGI middleware that answers on its own."""
-    return json.dumps(error_body(status, message, param)).encode()
+def error_bytes(status: int, message: str, param: Optional[str] = None,
+                **extra: Any) -> bytes:
+    """The error body serialized, for ASGI middleware that answers on its own; `extra`
+    adds top-level fields beside `error`."""
+    return json.dumps({**error_body(status, message, param), **extra}).encode()
 
 
 # Fields that accept several shapes: one plain sentence instead of an error per shape.

@@ -35,10 +35,11 @@ LINGER_S = 2.0
 
 async def send_error(send: Callable, status: int, message: str,
                      headers: Optional[list[tuple[bytes, bytes]]] = None,
-                     param: Optional[str] = None, more_body: bool = False) -> None:
+                     param: Optional[str] = None, more_body: bool = False,
+                     **extra: Any) -> None:
     """The error JSON envelope as the whole response; with `more_body` the response is
     left open (all its bytes sent) until an empty `http.response.body` ends it."""
-    body = error_bytes(status, message, param)
+    body = error_bytes(status, message, param, **extra)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
@@ -93,8 +94,8 @@ class RequestEdge:
             return
         scope = _without_trailing_slash(scope)
         missing = self.route_error(scope["path"])
-        if missing is not None:
-            await send_error(send, 404, missing)
+        if missing is not None:  # upstream registers no such route: FastAPI's "detail" too
+            await send_error(send, 404, missing, detail="Not Found")
             return
         if scope.get("method") == "POST" and not _is_json(scope):
             await send_error(send, 400, "Unsupported Media Type: Only 'application/json' is "
