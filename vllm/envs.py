@@ -48,6 +48,13 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_CONFIGURE_LOGGING": EnvVar("1", _flag, "0: leave the `vllm` logger unconfigured."),
     "VLLM_LOGGING_LEVEL": EnvVar("INFO", lambda v: v.strip().upper() or "INFO",
                                  "Level of the `vllm` logger."),
+    # ----- images (vllm/multimodal) ----------------------------------------------------
+    "VLLM_IMAGE_FETCH_TIMEOUT": EnvVar("5", float, "Seconds to fetch one image over http(s) "
+                                       "(only from --allowed-media-domains hosts)."),
+    "VLLM_MEDIA_MAX_BYTES": EnvVar(str(20 * 2**20), int, "Largest encoded image accepted, in "
+                                   "bytes (data: URL, local file or fetch; default 20 MiB)."),
+    "VLLM_MAX_IMAGE_PIXELS": EnvVar(str(64 * 2**20), int, "Largest width x height an image "
+                                    "may declare; checked before decoding (default 64 Mi)."),
     # ----- CPU platform ----------------------------------------------------------------
     "VLLM_CPU_KERNELS": EnvVar("1", _flag, "0: never use the C++ kernels in csrc/."),
     "VLLM_CPU_KERNELS_JIT": EnvVar("0", _flag, "1 (developers): where the C++ kernels were "

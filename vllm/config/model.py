@@ -51,6 +51,10 @@ class ModelConfig:
     truncation_side: Optional[str] = None            # None: the tokenizer's own side
     embedding_calibration: Optional[str] = None      # int8/uint8 ranges file
     rerank_max_chunks_per_doc: int = 0               # 0: a too-long rerank document is a 400
+    # Images (see vllm/multimodal): per-prompt counts and where images may come from
+    limit_mm_per_prompt: Optional[dict[str, Any]] = None  # {"image": N}
+    allowed_local_media_path: Optional[str] = None   # file:// URLs under this directory
+    allowed_media_domains: Optional[list[str]] = None  # http(s) hosts that may be fetched
 
     # Resolved in __post_init__.
     path: Path = field(init=False)
@@ -77,6 +81,7 @@ class ModelConfig:
         self._check_quantization()
         self.max_model_len = self._resolve_max_model_len()
         self._check_long_input_settings()
+        self._check_media_settings()
 
     def _apply_sparse_encoder(self) -> None:
         """A sentence-transformers SparseEncoder (MLM transformer + SpladePooling) is served
@@ -191,7 +196,9 @@ class ModelConfig:
         return _DTYPES[dtype]
 
     def _position_limit(self) -> int:
-        limit = getattr(self.hf_config, "max_position_embeddings", None) or 512
+        # a dual encoder's text tower holds the text positions (CLIP, SigLIP)
+        text = getattr(self.hf_config, "text_config", None) if self.is_multimodal else None
+        limit = getattr(text or self.hf_config, "max_position_embeddings", None) or 512
         if self.hf_config.model_type in ("roberta", "xlm-roberta"):
             limit -= roberta_position_offset(self.hf_config)
         return int(limit)
@@ -254,6 +261,48 @@ class ModelConfig:
         elif pc.max_embed_len is not None:
             raise ValueError("max_embed_len needs enable_chunked_processing: true in the "
                              "pooler config.")
+
+    def _check_media_settings(self) -> None:
+        """--limit-mm-per-prompt: image counts only, at most one for a dual encoder."""
+        for modality in (self.limit_mm_per_prompt or {}):
+            if modality != "image":
+                raise ValueError(f"limit_mm_per_prompt: only 'image' is supported; got "
+                                 f"{modality!r}.")
+        if self.is_multimodal and self.mm_limit("image") > 1:
+            raise ValueError(f"{self.architecture} embeds one image per prompt; set "
+                             "limit_mm_per_prompt's image count to 0 or 1.")
+        if self.is_multimodal and self.pooler_config.enable_chunked_processing:
+            raise ValueError(f"enable_chunked_processing does not apply to {self.architecture}: "
+                             "an image is embedded whole.")
+        if self.allowed_local_media_path and \
+                not Path(self.allowed_local_media_path).is_dir():
+            raise ValueError(f"allowed_local_media_path {self.allowed_local_media_path!r} "
+                             "is not a directory.")
+
+    @property
+    def is_multimodal(self) -> bool:
+        """Whether prompts may carry images (a registered multimodal architecture)."""
+        return self.arch.base.multimodal
+
+    def mm_limit(self, modality: str) -> int:
+        """How many items of `modality` one prompt may hold (default 1; 0 when the model
+        takes none)."""
+        if not self.is_multimodal:
+            return 0
+        value = (self.limit_mm_per_prompt or {}).get(modality, 1)
+        if isinstance(value, dict):
+            value = value.get("count", 1)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"limit_mm_per_prompt[{modality!r}] must be a count >= 0; got "
+                             f"{value!r}.")
+        return value
+
+    @property
+    def media_policy(self):
+        """Where this server's images may come from (vllm.multimodal.media)."""
+        from vllm.multimodal.media import MediaPolicy
+        return MediaPolicy(self.allowed_local_media_path,
+                           tuple(d.lower() for d in self.allowed_media_domains or ()))
 
     @property
     def prompts(self) -> dict[str, str]:

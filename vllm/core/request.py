@@ -35,6 +35,9 @@ class Request:
     # What a cached block's pooling payload depends on besides its tokens (e.g. MEAN's
     # left-out prompt length), hashed with the blocks; opaque to `core/` like the salt.
     pool_key: Optional[str] = None
+    # An image prompt's pixels (its ids are placeholders); opaque to `core/`, handed to the
+    # runner untouched.
+    images: Any = None
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -21,7 +21,7 @@ def request_key(prompt: TokenizedPrompt, params: PoolingParams,
                 lora_key: Optional[str] = None) -> Hashable:
     """`lora_key`: the adapter's identity (None: the base model)."""
     return (tuple(prompt.prompt_token_ids), tuple(prompt.token_type_ids or ()),
-            prompt.cache_salt, prompt.prompt_len, repr(params), lora_key)
+            prompt.cache_salt, prompt.prompt_len, repr(params), lora_key, prompt.mm_key)
 
 
 class Deduplicator:

@@ -192,11 +192,11 @@ class ModelRunner:
         if self.tracker is not None:  # partial state across chunks / cached blocks
             meta.output_rows = self.tracker.rows_needed(out, meta, self.device)
             self._begin_lora(out, meta)
-            hidden = self.model(input_ids, positions, meta, token_types)
+            hidden = self.model(input_ids, positions, meta, token_types, **_images(out))
             return self.tracker.run(hidden, out, meta)
         meta.output_rows = self.pooler.rows_needed(slices, self.device)
         self._begin_lora(out, meta)
-        hidden = self.model(input_ids, positions, meta, token_types)
+        hidden = self.model(input_ids, positions, meta, token_types, **_images(out))
         return dict(zip(ids, self.pooler(hidden, slices,
                                          selected=meta.output_rows is not None)))
 
@@ -245,3 +245,10 @@ class ModelRunner:
         """[T] cache slot of every new token, in flat order."""
         return torch.cat([token_slots(s.block_ids, s.num_computed, s.num_computed + s.num_new,
                                       self.block_size) for s in out.scheduled]).to(self.device)
+
+
+def _images(out: SchedulerOutput) -> dict:
+    """The step's image pixels for a multimodal model's forward (`images`: one entry per
+    scheduled request, None for text), or no argument at all when the step has none."""
+    images = [s.request.images for s in out.scheduled]
+    return {"images": images} if any(i is not None for i in images) else {}

@@ -19,6 +19,7 @@ class ModelEntry:
     is_causal: bool       # causal (decoder) attention?
     multi_vector: bool = False  # one vector per token (ColBERT): token_embed + MaxSim
     extra_tasks: tuple[str, ...] = ()  # pooling tasks beyond its convert's (BGE-M3)
+    multimodal: bool = False  # prompts may carry images (dual encoders: CLIP, SigLIP)
 
 
 _DECODERS = {"Qwen2": "qwen2", "Qwen3": "qwen3", "Llama": "llama", "Mistral": "llama"}
@@ -57,6 +58,10 @@ _REGISTRY: dict[str, ModelEntry] = {
     "HF_ColBERT": ModelEntry("colbert", "ColBERTBertModel", "ALL", "embed", False, True),
     "ColBERTModernBertModel":
         ModelEntry("colbert", "ColBERTModernBertModel", "ALL", "embed", False, True),
+    "CLIPModel": ModelEntry("clip", "CLIPEmbeddingModel", "LAST", "embed", False,
+                            multimodal=True),
+    "SiglipModel": ModelEntry("siglip", "SiglipEmbeddingModel", "LAST", "embed", False,
+                              multimodal=True),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),

@@ -1,0 +1,80 @@
+"""An image prompt as the engine carries it: pixel tensors beside placeholder token ids.
+
+A dual encoder (CLIP, SigLIP) embeds a prompt's text or its image, never both. The image
+stands in the prompt as one placeholder id per position its vision tower computes (patches,
+plus CLIP's class token), so the scheduler's token budget counts real work; the pixels
+ride with the request to the model runner (`ImageInputs`), and their content hashes keep
+different images apart wherever prompts are compared (deduplication, later the cache).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from vllm.multimodal.image import as_rgb, image_hash
+
+# The id every image position carries (the vision tower never reads it).
+PLACEHOLDER_ID = 0
+
+
+@dataclass
+class ImageInputs:
+    """A prompt's images: pixel values [n, 3, H, W] and one content hash per image."""
+
+    pixel_values: torch.Tensor
+    hashes: list[str]
+
+
+def placeholder_len(hf_config) -> int:
+    """Positions the vision tower computes for one image: its patches (+ CLIP's class
+    token)."""
+    vision = hf_config.vision_config
+    patches = (vision.image_size // vision.patch_size) ** 2
+    return patches + (1 if hf_config.model_type == "clip" else 0)
+
+
+def _as_images(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class ImagePrompts:
+    """Builds image prompts for a dual-encoder model (`ModelConfig.is_multimodal`)."""
+
+    def __init__(self, model_config, tokenizer) -> None:
+        self.mc = model_config
+        self.tokenizer = tokenizer
+        self.limit = model_config.mm_limit("image")
+
+    @functools.cached_property
+    def image_processor(self):
+        """The checkpoint's slow image processor (no torchvision needed)."""
+        from transformers import AutoImageProcessor
+        return AutoImageProcessor.from_pretrained(str(self.mc.path), backend="pil")
+
+    def check_count(self, count: int) -> None:
+        """ValueError when a prompt holds more images than --limit-mm-per-prompt allows."""
+        if count > self.limit:
+            raise ValueError(f"At most {self.limit} image(s) may be provided in one prompt "
+                             f"(--limit-mm-per-prompt); got {count}.")
+
+    def build(self, prompt: dict, text_ids: Optional[list[int]]) -> "tuple[list[int], ImageInputs]":
+        """(placeholder ids, image inputs) of a prompt dict with `multi_modal_data`;
+        `text_ids`: the prompt's own tokens (special tokens only, or none, are allowed)."""
+        data = prompt["multi_modal_data"]
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise ValueError(f"multi_modal_data must be {{'image': ...}}; "
+                             f"{self.mc.architecture} takes images only.")
+        images = [as_rgb(img) for img in _as_images(data.get("image", []))]
+        if not images:
+            raise ValueError("multi_modal_data holds no image.")
+        self.check_count(len(images))
+        special = set(self.tokenizer.all_special_ids)
+        if text_ids and not all(t in special for t in text_ids):
+            raise ValueError(f"{self.mc.architecture} takes text-only or image-only prompts, "
+                             "not both: pass the image with an empty prompt (\"prompt\": \"\").")
+        pixels = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+        ids = [PLACEHOLDER_ID] * (placeholder_len(self.mc.hf_config) * len(images))
+        return ids, ImageInputs(pixels, [image_hash(img) for img in images])
