@@ -106,7 +106,8 @@ def test_chunked_prefill_alone_and_caching_alone(qwen3_embed_dir):
 
 def test_kv_pressure_evicts_and_stays_exact(qwen3_embed_dir):
     """A pool of 24 blocks for 30 prompts up to 300 tokens: payloads are evicted with
-    their blocks (a miss, recomputed), never read stale."""
+    their blocks (a miss, recomputed), never read stale; preempted requests restart their
+    pooled state from what is still cached."""
     rng = random.Random(11)
     prefixes = [_ids(rng, 200), _ids(rng, 130), _ids(rng, 64)]
     prompts = []
@@ -124,6 +125,7 @@ def test_kv_pressure_evicts_and_stays_exact(qwen3_embed_dir):
                 assert mf.max_abs_diff(g, _reference(qwen3_embed_dir, pooling, p)) <= TOL
         stats = llm.llm_engine.stats
         assert stats.num_evictions >= 1 and stats.prefix_cache_hits > 0, stats
+        assert stats.num_preemptions >= 1, stats  # states restarted on re-admission
         assert llm.llm_engine.kv.num_free_blocks == 24
 
 
