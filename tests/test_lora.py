@@ -137,3 +137,13 @@ def test_duplicates_are_shared_only_under_the_same_adapter(qwen3_embed_dir, tmp_
     vecs = [torch.tensor(o.outputs.embedding) for o in outs]
     assert mf.max_abs_diff(vecs[0], vecs[3]) == 0
     assert mf.max_abs_diff(vecs[0], vecs[1]) > 1e-3 and mf.max_abs_diff(vecs[0], vecs[2]) > 1e-3
+
+
+def test_max_loras_bounds_the_adapters_of_one_step(qwen3_embed_dir, tmp_path):
+    """max_loras=1: three adapters take three steps (the base joins the last); 3: one."""
+    adapters = _adapters(qwen3_embed_dir, tmp_path, "base", DECODER)
+    for max_loras, steps in ((1, 3), (3, 1)):
+        llm = LLM(qwen3_embed_dir, enable_lora=True, max_loras=max_loras, max_lora_rank=8)
+        before = llm.llm_engine.stats.num_steps
+        llm.embed(["a b", "c d", "e f", "g h"], lora_request=adapters + [None], use_tqdm=False)
+        assert llm.llm_engine.stats.num_steps - before == steps

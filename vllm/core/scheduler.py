@@ -41,9 +41,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
+                 max_loras: Optional[int] = None) -> None:
         self.config = config
         self.kv = kv
+        self.max_loras = max_loras  # distinct LoRA adapters in one step (None: no LoRA)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -100,6 +102,8 @@ class Scheduler:
         chunked = self.config.enable_chunked_prefill
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if not self._adapter_fits(req, out):
+                break
             hits, num_hit = self.kv.get_computed_blocks(req)
             partial = self.kv.find_partial(req, num_hit)
             if partial is not None:
@@ -122,6 +126,13 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, num_hit, n, self.kv.block_ids(req),
                                                   copy))
             budget -= n
+
+    def _adapter_fits(self, req: Request, out: SchedulerOutput) -> bool:
+        """Whether `req`'s LoRA adapter keeps the step within `max_loras` adapters."""
+        if self.max_loras is None or req.lora_key is None:
+            return True
+        keys = {s.request.lora_key for s in out.scheduled} - {None}
+        return req.lora_key in keys or len(keys) < self.max_loras
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens a request gets now: what remains, within the budget and the per-request

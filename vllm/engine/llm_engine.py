@@ -51,7 +51,9 @@ class LLMEngine:
         self.kv = KVCacheManager(self.runner.num_blocks, cc.block_size,
                                  bool(cc.enable_prefix_caching),
                                  cache_partials=self.runner.tracker is None)
-        self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv)
+        lc = vllm_config.lora_config
+        self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv,
+                                   lc.max_loras if lc is not None else None)
         self._stats = EngineStats()
         self._dedup = Deduplicator()
         self._chunks = ChunkedInputs(self.model_config.max_model_len, self.runner.pool_prompt)
@@ -83,8 +85,7 @@ class LLMEngine:
             self.scheduler.add_request(Request(rid, part.prompt_token_ids, params,
                                                part.token_type_ids, part.cache_salt,
                                                prompt_len=part.prompt_len, lora_key=lora_key,
-                                               pool_key=self.runner.pool_key(part),
-                                               images=part.images))
+                                               pool_key=self.runner.pool_key(part)))
 
     # ----- LoRA adapters (upstream's LLMEngine names) ----------------------------------
     def _lora_key(self, lora_request: Optional[LoRARequest]) -> Optional[str]:
