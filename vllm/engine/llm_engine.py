@@ -85,7 +85,8 @@ class LLMEngine:
             self.scheduler.add_request(Request(rid, part.prompt_token_ids, params,
                                                part.token_type_ids, part.cache_salt,
                                                prompt_len=part.prompt_len, lora_key=lora_key,
-                                               pool_key=self.runner.pool_key(part)))
+                                               pool_key=self.runner.pool_key(part),
+                                               images=part.images))
 
     # ----- LoRA adapters (upstream's LLMEngine names) ----------------------------------
     def _lora_key(self, lora_request: Optional[LoRARequest]) -> Optional[str]:
