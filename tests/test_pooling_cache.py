@@ -19,6 +19,9 @@ import torch
 
 import model_factory as mf
 from vllm import LLM
+from vllm.model_executor.attention_metadata import token_slots
+from vllm.model_executor.layers.pool_state import (BlockPayloadStore, RequestPoolState,
+                                                   pool_position)
 from vllm.pooling_params import PoolingParams
 
 BLOCK = 16
@@ -207,3 +210,45 @@ def test_left_out_prompt_is_exact_and_never_shares_blocks(no_prompt_causal_dir):
             [o.prompt_token_ids for o in in_text]
         if rnd == 1:
             assert all(o.num_cached_tokens >= BLOCK for o in with_prompt + in_text)
+
+
+# ----- the state and the payload store on their own ------------------------------------------
+def _feed(st: RequestPoolState, store, hidden, blocks, start: int, n: int) -> None:
+    """One step of `n` tokens from `start`: write the payloads, then advance the state."""
+    rows, bs = hidden[start: start + n], store.block_size
+    inside = start <= st.position < start + n
+    if st.kind == "CLS":
+        if inside:
+            store.write_cls(blocks[st.position // bs], rows[st.position - start])
+        st.add(rows[st.position - start] if inside else None, start, n)
+        return
+    counted = torch.arange(start, start + n) >= st.position if st.kind == "MEAN" else None
+    store.write(rows, token_slots(blocks, start, start + n, bs), counted)
+    st.add(rows, start, n)
+
+
+@pytest.mark.parametrize("kind", ["MEAN", "CLS", "ALL"])
+@pytest.mark.parametrize("skip", [0, 5])
+def test_state_and_store_match_one_pass(kind, skip):
+    """A writer in chunks that cut blocks (3, 7, 9 tokens over blocks of 4) into a store
+    full of stale values, and a reader that takes three cached blocks and computes the
+    rest, both give the one-pass answer."""
+    torch.manual_seed(0)
+    bs, width, total = 4, 8, 19
+    hidden, blocks = torch.randn(total, width), [5, 2, 7, 0, 3]
+    store = BlockPayloadStore(kind, 8, bs, width, torch.float32, "cpu")
+    for t in vars(store).values():
+        if isinstance(t, torch.Tensor):
+            t.fill_(7.0)  # stale payloads of blocks used before
+    pos = pool_position(kind, skip, total)
+    want = {"MEAN": hidden[pos:].mean(0), "CLS": hidden[pos], "ALL": hidden}[kind]
+    writer, start = RequestPoolState(kind, pos, total), 0
+    for n in (3, 7, 9):
+        _feed(writer, store, hidden, blocks, start, n)
+        start += n
+    reader = RequestPoolState(kind, pos, total)
+    reader.load(store, blocks, 12)
+    _feed(reader, store, hidden, blocks, 12, total - 12)
+    for st in (writer, reader):
+        got = st.all_rows() if kind == "ALL" else st.vector()
+        assert mf.max_abs_diff(got, want) <= 1e-6, (kind, skip)
