@@ -252,3 +252,23 @@ def test_state_and_store_match_one_pass(kind, skip):
     for st in (writer, reader):
         got = st.all_rows() if kind == "ALL" else st.vector()
         assert mf.max_abs_diff(got, want) <= 1e-6, (kind, skip)
+
+
+def test_serve_flags_turn_them_on_for_causal_models_only(qwen3_embed_dir, qwen2_bidir_dir):
+    """`vllm serve ... --enable-prefix-caching --enable-chunked-prefill`: exact on for MEAN
+    on a causal model (a budget below max_model_len is then allowed), off on a
+    bidirectional one."""
+    from vllm.entrypoints.cli.main import make_parser
+    from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
+    flags = ["--enable-prefix-caching", "--enable-chunked-prefill",
+             "--max-num-batched-tokens", "24", "--override-pooler-config",
+             '{"pooling_type": "MEAN"}']
+    cfg = engine_args_from_namespace(make_parser().parse_args(
+        ["serve", qwen3_embed_dir] + flags)).create_engine_config()
+    assert cfg.cache_config.enable_prefix_caching is True
+    assert cfg.scheduler_config.enable_chunked_prefill is True
+    assert cfg.scheduler_config.max_num_batched_tokens == 24
+    bidir = ["serve", qwen2_bidir_dir] + flags[:2] + flags[4:]
+    cfg = engine_args_from_namespace(make_parser().parse_args(bidir)).create_engine_config()
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert cfg.scheduler_config.enable_chunked_prefill is False
