@@ -11,7 +11,7 @@ import zlib
 import torch
 from PIL import Image, ImageDraw
 
-from tests.model_factory import BERT_VOCAB, SEED, _fresh, _perturb, _save, hf_tokenizer, \
+from model_factory import BERT_VOCAB, SEED, _fresh, _perturb, _save, hf_tokenizer, \
     save_bert_tokenizer
 
 SEP_ID = 102  # the BERT tokenizer's [SEP]: the tiny text towers' EOS

@@ -237,8 +237,7 @@ def test_a_post_that_is_not_json_is_a_400(minilm, ctype):
 
 
 # ----- compatibility gaps ------------------------------------------------------------------
-@pytest.mark.parametrize("field,value", [("max_tokens_per_doc", 5), ("messages", []),
-                                         ("chat_template", "x"),
+@pytest.mark.parametrize("field,value", [("max_tokens_per_doc", 5), ("chat_template", "x"),
                                          ("mm_processor_kwargs", {})])
 def test_upstream_fields_not_implemented_are_refused_by_name(minilm, field, value):
     response = minilm.post("/v1/embeddings", {"input": "a", field: value})

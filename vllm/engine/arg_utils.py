@@ -18,7 +18,7 @@ IGNORED_ARGS = (
     "tokenizer_revision", "code_revision", "download_dir", "disable_async_output_proc",
     "worker_cls", "kv_cache_dtype", "max_logprobs", "skip_tokenizer_init",
     "served_model_name", "enable_prefix_caching_hash_algo", "prefix_caching_hash_algo",
-    "async_scheduling", "disable_log_requests", "enable_log_requests", "allowed_local_media_path",
+    "async_scheduling", "disable_log_requests", "enable_log_requests",
     "calculate_kv_scales", "override_generation_config", "generation_config",
     "guided_decoding_backend", "logits_processor_pattern", "model_impl", "scheduling_policy",
     "max_num_partial_prefills", "cuda_graph_sizes", "disable_sliding_window", "hf_token",
@@ -28,7 +28,7 @@ IGNORED_ARGS = (
 UNSUPPORTED_ARGS: dict[str, Any] = {
     "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
     "speculative_config": None,
-    "enable_expert_parallel": False, "limit_mm_per_prompt": None,
+    "enable_expert_parallel": False,
     "rope_scaling": None, "rope_theta": None,
 }
 
@@ -60,6 +60,9 @@ class EngineArgs:
     truncation_side: Optional[str] = None
     embedding_calibration: Optional[str] = None
     rerank_max_chunks_per_doc: int = 0
+    limit_mm_per_prompt: Optional[dict[str, Any]] = None
+    allowed_local_media_path: Optional[str] = None
+    allowed_media_domains: Optional[list[str]] = None
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -97,7 +100,10 @@ class EngineArgs:
             trust_remote_code=self.trust_remote_code, revision=self.revision,
             device=self.device, seed=self.seed, truncation_side=self.truncation_side,
             embedding_calibration=self.embedding_calibration,
-            rerank_max_chunks_per_doc=self.rerank_max_chunks_per_doc)
+            rerank_max_chunks_per_doc=self.rerank_max_chunks_per_doc,
+            limit_mm_per_prompt=self.limit_mm_per_prompt,
+            allowed_local_media_path=self.allowed_local_media_path,
+            allowed_media_domains=self.allowed_media_domains)
         cache_config = CacheConfig(block_size=self.block_size,
                                    enable_prefix_caching=self.enable_prefix_caching,
                                    num_gpu_blocks_override=self.num_gpu_blocks_override,

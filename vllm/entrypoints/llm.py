@@ -136,6 +136,9 @@ class LLM:
         engine.verify_task("score")
         pairs = pair_texts(_texts(data_1), _texts(data_2))
         if engine.model_config.is_cross_encoder:
+            if not all(isinstance(t, str) for pair in pairs for t in pair):
+                raise ValueError("Image items are scored by embedding models (CLIP, SigLIP) "
+                                 "only; a cross-encoder scores text pairs.")
             tokenized = [engine.processor.tokenize_pair(a, b, truncate_prompt_tokens,
                                                         truncation_side) for a, b in pairs]
             outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
@@ -162,14 +165,14 @@ class LLM:
                           lora=None):
         """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""
         multi = self.llm_engine.model_config.late_interaction
-        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-        embeds = self._run(texts, params, "token_embed" if multi else "embed",
+        items = {_item_key(t): t for pair in pairs for t in pair}  # each text once
+        embeds = self._run(list(items.values()), params, "token_embed" if multi else "embed",
                            truncate_prompt_tokens, use_tqdm, side, lora=lora)
-        by_text = dict(zip(texts, embeds))
+        by_key = dict(zip(items, embeds))
         similarity = maxsim if multi else cosine_score
         results = []
         for a, b in pairs:
-            ea, eb = by_text[a], by_text[b]
+            ea, eb = by_key[_item_key(a)], by_key[_item_key(b)]
             base = PoolingRequestOutput(
                 f"{ea.request_id}_{eb.request_id}",
                 PoolingOutput(similarity(ea.outputs.data, eb.outputs.data)),
@@ -239,11 +242,19 @@ def _as_list(prompts: Prompts) -> list[PromptType]:
 def _texts(data: Union[str, dict, Sequence[Union[str, dict]]]) -> Union[str, list[str]]:
     """score's side: one text (a str or {"prompt": str}) or a list of them."""
     if isinstance(data, (str, dict)):
-        return _text(data)
+        return [_text(data)]
     return [_text(item) for item in data]
 
 
-def _text(item: Union[str, dict]) -> str:
+def _item_key(item: Union[str, dict]) -> Union[str, int]:
+    """A score item's identity: a text by its value, an image prompt by its object."""
+    return item if isinstance(item, str) else id(item)
+
+
+def _text(item: Union[str, dict]) -> Union[str, dict]:
+    """A text, or an image prompt ({"prompt": "", "multi_modal_data": ...}) as it is."""
+    if isinstance(item, dict) and "multi_modal_data" in item:
+        return item
     if isinstance(item, dict) and "prompt" in item:
         item = item["prompt"]
     if not isinstance(item, str):

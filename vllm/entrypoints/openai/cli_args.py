@@ -24,7 +24,8 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "quantizati
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
                   "long_prefill_token_threshold", "num_gpu_blocks_override",
                   "gpu_memory_utilization", "truncation_side", "embedding_calibration",
-                  "rerank_max_chunks_per_doc")
+                  "rerank_max_chunks_per_doc", "limit_mm_per_prompt",
+                  "allowed_local_media_path", "allowed_media_domains")
 # vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
 _IGNORED_SWITCHES = frozenset({
     "enforce_eager", "disable_log_stats", "disable_custom_all_reduce",
@@ -206,6 +207,19 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         help="Fraction of the GPU's memory the engine may use (weights, "
                         "activations and KV cache; CUDA only, default 0.9).")
     _add_long_input_flags(parser)
+    _add_media_flags(parser)
+
+
+def _add_media_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("images", "Where images may come from (data: URLs "
+                                      "always) and how many one prompt may hold.")
+    group.add_argument("--limit-mm-per-prompt", type=_json_arg, default=None, metavar="JSON",
+                       help='Images per prompt, e.g. \'{"image": 1}\' (dual encoders: 0 or 1).')
+    group.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="Serve file:// image URLs under DIR (default: no local files).")
+    group.add_argument("--allowed-media-domains", nargs="+", default=None, metavar="HOST",
+                       help="Fetch http(s) image URLs from these hosts only (default: none; "
+                       "every http(s) URL is a 400).")
 
 
 def _add_long_input_flags(parser: argparse.ArgumentParser) -> None:

@@ -94,8 +94,12 @@ class EngineRequest(OpenAIBaseModel):
 
 
 class EmbeddingRequest(EngineRequest):
+    """`input`, or upstream's chat-style `messages` (text and image_url content parts:
+    one prompt, for multimodal models)."""
+
     model: Optional[Text] = None
-    input: PromptInput
+    input: Optional[PromptInput] = None
+    messages: Optional[list[Any]] = None
     encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
     endianness: Literal["native", "big", "little"] = "native"
@@ -114,6 +118,12 @@ class EmbeddingRequest(EngineRequest):
     prompt: Optional[Text] = None
     # SPLADE models: {token_id: weight} of the non-zero weights instead of the full vector.
     sparse: bool = False
+
+    @model_validator(mode="after")
+    def _input_or_messages(self) -> "EmbeddingRequest":
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("Give either `input` or `messages` (not both).")
+        return self
 
 
 class CohereEmbedRequest(EngineRequest):
@@ -172,13 +182,17 @@ class LongInputFields(EngineRequest):
     max_tokens_per_doc: int = 0
 
 
+# A score/rerank item: a text, or upstream's multimodal `{"content": [parts]}`.
+ScoreItem = Union[Text, dict[str, Any]]
+
+
 class ScoreRequest(LongInputFields):
     """`text_1`/`text_2`, or upstream's newer spellings: `queries` with `documents` or
     `items`, and `data_1`/`data_2`."""
 
     model: Optional[Text] = None
-    text_1: Union[Text, list[Text]]
-    text_2: Union[Text, list[Text]]
+    text_1: Union[ScoreItem, list[ScoreItem]]
+    text_2: Union[ScoreItem, list[ScoreItem]]
 
     @model_validator(mode="before")
     @classmethod
@@ -194,8 +208,8 @@ class RerankRequest(LongInputFields):
     `text_1`/`text_2`)."""
 
     model: Optional[Text] = None
-    query: Text
-    documents: list[Text]
+    query: ScoreItem
+    documents: list[ScoreItem]
 
     @model_validator(mode="before")
     @classmethod
@@ -290,7 +304,7 @@ class ScoreResponse(_ListResponse):
 
 
 class RerankDocument(BaseModel):
-    text: str
+    text: Optional[str] = None
     multi_modal: Optional[Any] = None
 
 

@@ -17,6 +17,7 @@ from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_js
 from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,
                                                    list_response)
+from vllm.entrypoints.openai.serving_media import message_prompts
 from vllm.entrypoints.quantize import load_calibration, quantize
 from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
 from vllm.outputs import sparse_weights
@@ -51,7 +52,8 @@ class ServingPooling:
         elif route == "/pooling":
             task = ctx.model_config.encode_task
         params = ctx.make_params(task, **param_fields)
-        raw_inputs = ctx.input_prompts(body.input)
+        raw_inputs = ctx.input_prompts(body.input) if getattr(body, "messages", None) is None \
+            else await message_prompts(ctx, body.messages)
         inputs = self._with_prompt(body, raw_inputs, task)
         prompts = await ctx.tokenize(inputs, body.truncate_prompt_tokens,
                                      body.add_special_tokens,

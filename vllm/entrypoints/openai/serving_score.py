@@ -18,6 +18,7 @@ from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, R
                                               RerankResult, RerankUsage, ScoreRequest,
                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
+from vllm.entrypoints.openai.serving_media import item_prompts
 from vllm.entrypoints.openai.serving_pooling import prompt_tokens
 from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
 
@@ -54,6 +55,9 @@ class ServingScores:
         ctx = self.ctx
         ctx.task_for(route)
         pairs = pair_up(text_1, text_2)
+        rerank = "rerank" in route  # images: {"content": [parts]} items (dual encoders)
+        text_1 = await item_prompts(ctx, text_1, "query" if rerank else "text_1")
+        text_2 = await item_prompts(ctx, text_2, "documents" if rerank else "text_2")
         truncate, side = body.truncate_prompt_tokens, body.truncation_side
         ctx.check_truncation(truncate, side)
         cap_q, cap_d = self._caps(body)
@@ -150,8 +154,8 @@ class ServingScores:
 
     async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:
         model = self.ctx.check_model(body.model)
-        text_1 = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
-        text_2 = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
+        text_1 = [body.text_1] if isinstance(body.text_1, (str, dict)) else list(body.text_1)
+        text_2 = [body.text_2] if isinstance(body.text_2, (str, dict)) else list(body.text_2)
         rid = self.ctx.response_id(http, "score", body)
         scores, tokens = await self._scores(http, route, text_1, text_2, body, body.activation,
                                             body.use_activation, rid)
@@ -170,6 +174,9 @@ class ServingScores:
         if windows < 0:
             raise bad_request(f"max_chunks_per_doc must be 0 (off) or positive; got {windows}.",
                               "max_chunks_per_doc")
+        if windows and not all(isinstance(d, str) for d in [body.query, *body.documents]):
+            raise bad_request("max_chunks_per_doc windows texts; leave it unset with image "
+                              "items.", "max_chunks_per_doc")
         if windows:
             scores, tokens = await self._window_scores(http, route, body.query,
                                                        list(body.documents), body, windows, rid)
@@ -182,10 +189,16 @@ class ServingScores:
             order = order[:body.top_n]
         results = [RerankResult(
             index=k, relevance_score=scores[k],
-            document=RerankDocument(text=body.documents[k]) if body.return_documents else None)
+            document=_document(body.documents[k]) if body.return_documents else None)
             for k in order]
         return RerankResponse(id=rid, model=model, results=results,
                               usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens))
+
+
+def _document(item: Any) -> RerankDocument:
+    """A result's document: its text, or (an image item) its content as sent."""
+    return RerankDocument(text=item) if isinstance(item, str) else \
+        RerankDocument(multi_modal=item)
 
 
 def without_absent_documents(response: RerankResponse) -> dict[str, Any]:
