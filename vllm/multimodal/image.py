@@ -43,9 +43,12 @@ def decode_image(data: bytes, limit: int | None = None) -> Image.Image:
     identify, a format outside ALLOWED_FORMATS, a declared size above `limit` pixels."""
     limit = max_image_pixels() if limit is None else limit
     try:
-        image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)  # reads the header only
-    except Image.DecompressionBombError as exc:
-        raise MediaError(f"The image is too large to decode: {exc}") from None
+        with warnings.catch_warnings():  # its size is checked below, against our own cap
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)  # the header only
+    except Image.DecompressionBombError:  # Pillow's own cap (2x its MAX_IMAGE_PIXELS)
+        raise MediaError(f"The image declares more pixels than the {limit} allowed "
+                         "(VLLM_MAX_IMAGE_PIXELS); send a smaller image.") from None
     except Exception:
         raise MediaError("The image could not be decoded: the bytes are not an image in a "
                          f"supported format ({', '.join(ALLOWED_FORMATS)}).") from None
