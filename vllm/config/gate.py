@@ -29,18 +29,27 @@ def prefix_features_supported(model_config: ModelConfig) -> tuple[bool, str]:
         return False, ("the model's attention is bidirectional (is_causal: false or "
                        "use_bidirectional_attention: true)")
     if pooling != "LAST":
-        return False, f"pooling type is {pooling}, not LAST"
+        return False, f"pooling type is {_pooling_name(model_config)}, not LAST"
     return True, "LAST pooling with causal attention"
+
+
+def _pooling_name(model_config: ModelConfig) -> str:
+    """The configured pooling type, and the task when a token task makes it read every
+    token (judged as ALL)."""
+    pooling, judged = model_config.pooler_config.pooling_type, model_config.gate_pooling_type
+    if pooling == judged:
+        return pooling
+    return f"{pooling} (the {model_config.pooling_task} task reads every token, as {judged})"
 
 
 def exact_on_request(model_config: ModelConfig) -> Optional[str]:
     """The pooling type when asking turns both features on exactly (a causal model with
     CLS/MEAN/ALL/STEP pooling), else None."""
     supported, _ = prefix_features_supported(model_config)
-    pooling = getattr(model_config, "gate_pooling_type",
-                      model_config.pooler_config.pooling_type)
+    pooling = model_config.gate_pooling_type
     causal = model_config.arch.base.is_causal and model_config.is_causal
-    return pooling if causal and not supported and pooling in ON_REQUEST_POOLING else None
+    return _pooling_name(model_config) if causal and not supported and \
+        pooling in ON_REQUEST_POOLING else None
 
 
 def resolve_feature(name: str, user_value: Optional[bool], model_config: ModelConfig) -> bool:
