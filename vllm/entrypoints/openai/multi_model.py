@@ -67,13 +67,25 @@ class ModelRouter:
         app: Optional[Asgi] = self.first  # too large, or not JSON: its edge answers
         name = _model_of(body) if complete else None
         if name:
-            app = self.by_name.get(name)
+            app = self._app_for(name)
         if app is None:
             await send_error(send, 404, f"The model `{name}` does not exist. This server "
                              f"serves: {', '.join(self.by_name)}.", param="model")
             return
         await app(scope, _replay([c for c in chunks if c is not None], complete, receive),
                   send)
+
+    def _app_for(self, name: str) -> Optional[Asgi]:
+        """The app serving `name`: a served name, else the app with a LoRA adapter of
+        that name (adapters may be loaded at runtime, so each app's registry is asked)."""
+        if name in self.by_name:
+            return self.by_name[name]
+        for _, app in self.apps:
+            serving = getattr(getattr(app, "state", None), "serving", None)
+            loras = getattr(serving, "loras", None)
+            if loras is not None and loras.get(name) is not None:
+                return app
+        return None
 
     # ----- merged GETs -----------------------------------------------------------------
     async def _models(self, scope: dict, send: Callable) -> None:
