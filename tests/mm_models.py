@@ -18,16 +18,17 @@ SEP_ID = 102  # the BERT tokenizer's [SEP]: the tiny text towers' EOS
 
 
 def _towers(text_cls, vision_cls, **vision_extra):
-    text = text_cls(vocab_size=BERT_VOCAB, hidden_size=32, intermediate_size=64,
+    # head size 16: the CPU_NATIVE kernel runs it (causal for CLIP's text, else not)
+    text = text_cls(vocab_size=BERT_VOCAB, hidden_size=64, intermediate_size=128,
                     num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
                     eos_token_id=SEP_ID, pad_token_id=0)
-    vision = vision_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    vision = vision_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, image_size=32, patch_size=8, **vision_extra)
     return text, vision
 
 
 def make_clip(path, seed: int = SEED + 20) -> pathlib.Path:
-    """CLIPModel: 32-wide towers of 2 layers, 32x32 images in 8x8 patches, projection 16."""
+    """CLIPModel: 64-wide towers of 2 layers, 32x32 images in 8x8 patches, projection 16."""
     from transformers import (CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTextConfig,
                               CLIPVisionConfig)
     path = _fresh(path)
@@ -44,7 +45,7 @@ def make_clip(path, seed: int = SEED + 20) -> pathlib.Path:
 
 
 def make_siglip(path, seed: int = SEED + 21) -> pathlib.Path:
-    """SiglipModel: 32-wide towers of 2 layers, 32x32 images in 8x8 patches."""
+    """SiglipModel: 64-wide towers of 2 layers, 32x32 images in 8x8 patches."""
     from transformers import (SiglipConfig, SiglipImageProcessor, SiglipModel,
                               SiglipTextConfig, SiglipVisionConfig)
     path = _fresh(path)

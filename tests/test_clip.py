@@ -61,7 +61,11 @@ def png_url(seed: int) -> str:
     return mm.data_url(mm.encoded(mm.picture(seed)))
 
 
-def test_text_and_image_prompts_mixed_in_one_call_match_transformers(llm, reference):
+def test_text_and_image_prompts_mixed_in_one_call_match_transformers(shared_llm, clip_dir,
+                                                                     reference,
+                                                                     attention_backend):
+    llm = shared_llm(clip_dir)
+    assert llm.llm_engine.runner.attention_backend == attention_backend
     outs = llm.embed([TEXTS[0], image_prompt(mm.picture(1)), TEXTS[1],
                       image_prompt(mm.picture(2))], use_tqdm=False)
     want = [reference["text"][0], reference["image"][0], reference["text"][1],

@@ -188,6 +188,12 @@ def run_server(args: Any) -> int:
     were answered 503 first), so that a supervisor restarts the server, as upstream."""
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
     from vllm.scaleout.engine import make_async_engine
+    models = getattr(args, "model_tag", None)
+    if isinstance(models, list) and len(models) > 1:  # several models on one port
+        if getattr(args, "model", None):
+            raise SystemExit("Give the models as MODEL arguments only, without --model.")
+        from vllm.entrypoints.openai.multi_server import run_multi_server
+        return run_multi_server(args, models)
     engine_args = engine_args_from_namespace(args)
     async_llm = make_async_engine(engine_args, args)
     try:

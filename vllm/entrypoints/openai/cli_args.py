@@ -79,8 +79,10 @@ def _flag(dest: str) -> str:
 
 def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every `vllm serve` flag to `parser`."""
-    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help="Model name or local path to serve. Without one, the bundled "
+    parser.add_argument("model_tag", nargs="*", default=None, metavar="MODEL",
+                        help="Model name or local path to serve; several serve several models "
+                        "on one port, each under its --served-model-name (in order) and "
+                        "picked by the request's `model`. Without one, the bundled "
                         f"all-MiniLM-L6-v2 from the `{DEFAULT_MODEL_PACKAGE}` package is served.")
     _add_server_flags(parser)
     _add_engine_flags(parser)
@@ -293,6 +295,10 @@ def default_model() -> str:
 def resolve_model(args: argparse.Namespace) -> str:
     """Fill `args.model` (positional, --model, or the bundled default) and return it."""
     positional = getattr(args, "model_tag", None)
+    if isinstance(positional, list):  # one positional MODEL (several: multi_server)
+        if len(positional) > 1:
+            raise SystemExit("Several models are served by run_multi_server.")
+        positional = positional[0] if positional else None
     flag = getattr(args, "model", None)
     if positional and flag and positional != flag:
         raise SystemExit(f"Two different models were given: {positional!r} and "

@@ -1,0 +1,62 @@
+"""SigLIP as a dual encoder (issue 24 part 1): the bidirectional text tower with its head on
+the last token, the vision tower with its attention-pooling head, against Transformers'
+get_text_features / get_image_features; offline and online shapes as for CLIP."""
+from __future__ import annotations
+
+import pytest
+
+import mm_models as mm
+from servers import Server, _engine
+from test_clip import TEXTS, _cos, image_message, image_prompt, png_url
+from test_server import _ok
+
+
+@pytest.fixture(scope="module")
+def siglip_dir(tmp_path_factory) -> str:
+    return str(mm.make_siglip(tmp_path_factory.mktemp("siglip") / "model"))
+
+
+@pytest.fixture(scope="module")
+def reference(siglip_dir):
+    texts, images = mm.hf_features(siglip_dir, TEXTS, [mm.picture(1), mm.picture(2)])
+    return {"text": texts, "image": images}
+
+
+@pytest.fixture(scope="module")
+def server(siglip_dir):
+    engine = _engine(siglip_dir)
+    srv = Server(engine)
+    yield srv
+    srv.close()
+    engine.shutdown()
+
+
+def test_text_and_image_prompts_match_transformers(shared_llm, siglip_dir, reference,
+                                                   attention_backend):
+    llm = shared_llm(siglip_dir)
+    assert llm.llm_engine.runner.attention_backend == attention_backend
+    outs = llm.embed([image_prompt(mm.picture(2)), TEXTS[0], image_prompt(mm.picture(1)),
+                      TEXTS[1]], use_tqdm=False)
+    want = [reference["image"][1], reference["text"][0], reference["image"][0],
+            reference["text"][1]]
+    for out, ref in zip(outs, want):
+        assert _cos(out.outputs.embedding, ref) >= 0.9999
+    assert len(outs[0].prompt_token_ids) == 16  # 4x4 patches, no class token
+
+
+def test_text_with_an_image_is_refused(shared_llm, siglip_dir):
+    with pytest.raises(ValueError, match="text-only or image-only"):
+        shared_llm(siglip_dir).embed({"prompt": "x", "multi_modal_data": {
+            "image": mm.picture(1)}})
+
+
+def test_online_image_message_and_rerank(server, reference):
+    out = _ok(server.post("/v1/embeddings", {"messages": image_message(png_url(2))}))
+    assert _cos(out["data"][0]["embedding"], reference["image"][1]) >= 0.9999
+    doc = {"content": [{"type": "image_url", "image_url": {"url": png_url(1)}}]}
+    ranked = _ok(server.post("/rerank", {"query": TEXTS[1], "documents": [TEXTS[0], doc]}))
+    got = {r["index"]: r["relevance_score"] for r in ranked["results"]}
+    assert got[1] == pytest.approx(float(reference["text"][1] @ reference["image"][0]),
+                                   abs=1e-4)
+    assert got[0] == pytest.approx(float(reference["text"][1] @ reference["text"][0]),
+                                   abs=1e-4)
