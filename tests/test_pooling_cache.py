@@ -272,3 +272,19 @@ def test_serve_flags_turn_them_on_for_causal_models_only(qwen3_embed_dir, qwen2_
     cfg = engine_args_from_namespace(make_parser().parse_args(bidir)).create_engine_config()
     assert cfg.cache_config.enable_prefix_caching is False
     assert cfg.scheduler_config.enable_chunked_prefill is False
+
+
+def test_token_embed_on_a_last_model_is_exact_cached(qwen3_embed_dir):
+    """A token task reads every token (the gate judges it as ALL): with both features
+    asked for, a LAST model's token_embed rows are exact across chunks and cached blocks."""
+    prompts = _shared_prefix_batch(seed=3)
+    llm = LLM(qwen3_embed_dir, max_num_batched_tokens=13, **ON,
+              override_pooler_config={"task": "token_embed"})
+    for rnd in range(2):
+        outs = llm.encode([{"prompt_token_ids": p} for p in prompts],
+                          pooling_task="token_embed", use_tqdm=False)
+        for p, o in zip(prompts, outs):
+            want = torch.nn.functional.normalize(mf.hf_hidden_states(qwen3_embed_dir, p), dim=-1)
+            assert mf.max_abs_diff(o.outputs.data, want) <= TOL, (rnd, len(p))
+            if rnd == 1:
+                assert o.num_cached_tokens == (len(p) - 1) // BLOCK * BLOCK
