@@ -41,6 +41,9 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": EnvVar("0", _flag, "Allow max_model_len above the derived "
                                             "limit, up to the model's position limit."),
     "VLLM_API_KEY": EnvVar(None, _str, "Default for `vllm serve --api-key`."),
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": EnvVar("0", _flag, "1/True: `vllm serve` adds "
+                                               "POST /v1/load_lora_adapter and "
+                                               "/v1/unload_lora_adapter (upstream's names)."),
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": EnvVar("5", int, "Seconds an idle keep-alive HTTP "
                                            "connection stays open (uvicorn's "
                                            "timeout_keep_alive, as upstream); default for "

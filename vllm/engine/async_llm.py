@@ -166,15 +166,16 @@ class AsyncLLM(TokenizerFront):
         the returned plain future (no task per prompt) resolves to its output."""
         return self.submit_many([(prompt, params, request_id)])[0]
 
-    def submit_many(self, items: Sequence[tuple[Any, Any, str]]) -> list[asyncio.Future]:
+    def submit_many(self, items: Sequence[tuple[Any, Any, str]],
+                    lora_request: Any = None) -> list[asyncio.Future]:
         """Futures (of the running event loop) of each (prompt, params, request_id)'s
         PoolingRequestOutput, handed over together (one lock, one wake-up): no step starts
         with only some of one HTTP request's prompts. Cancelling a future aborts its
         request. Raises ValueError for a duplicate id (none is taken), EngineDeadError when
         the engine is not running; a prompt the tokenizer or engine refuses fails its
-        future with ValueError."""
+        future with ValueError. `lora_request`: the adapter every item runs under."""
         loop = asyncio.get_running_loop()
-        pendings = [(rid, Pending(loop, loop.create_future(), prompt, params))
+        pendings = [(rid, Pending(loop, loop.create_future(), prompt, params, lora_request))
                     for prompt, params, rid in items]
         overlap = [not self._tokenize_between_steps and isinstance(p.prompt, TextPrompt)
                    for _, p in pendings]
@@ -186,6 +187,13 @@ class AsyncLLM(TokenizerFront):
             pending.future.add_done_callback(
                 lambda f, rid=rid: self.abort([rid]) if f.cancelled() else None)
         return [pending.future for _, pending in pendings]
+
+    def check_lora(self, lora_request: Any) -> None:
+        """Check an adapter without loading it (ValueError if refused); any thread."""
+        lora = self.engine.runner.lora
+        if lora is None:
+            raise ValueError("LoRA is not enabled; start the server with --enable-lora.")
+        lora.check(lora_request)
 
     def _refuse_if_dead(self) -> None:
         if not self.is_alive:
@@ -276,7 +284,8 @@ class AsyncLLM(TokenizerFront):
             try:
                 if isinstance(pending.prompt, ValueError):
                     raise pending.prompt
-                self.engine.add_request(rid, pending.prompt, pending.params)
+                adapter = (pending.lora,) if pending.lora is not None else ()
+                self.engine.add_request(rid, pending.prompt, pending.params, *adapter)
             except Exception as exc:
                 self._inbox.forget(rid)
                 resolve(pending, error=exc)

@@ -15,6 +15,7 @@ class Pending:
     future: asyncio.Future
     prompt: Any
     params: Any
+    lora: Any = None      # the LoRARequest it runs under (None: the base model)
     added: bool = False  # handed to the engine (False while still in the inbox)
     start: float = field(default_factory=time.perf_counter)
 

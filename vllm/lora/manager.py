@@ -49,10 +49,11 @@ class LoRAManager:
 
     # ----- adapters --------------------------------------------------------------------
     def add(self, request: LoRARequest) -> str:
-        """Load `request`'s adapter unless its id is loaded (`load_inplace`: reload);
-        returns its key. Raises ValueError for an adapter this engine refuses."""
+        """Load `request`'s adapter unless its id is loaded from the same path
+        (`load_inplace`: reload anyway); returns its key. Raises ValueError for an adapter this engine refuses."""
         loaded = self._loaded.get(request.lora_int_id)
-        if loaded is not None and not request.load_inplace:
+        if loaded is not None and not request.load_inplace and \
+                loaded.request.lora_path == request.lora_path:
             self._loaded.move_to_end(request.lora_int_id)
             return loaded.key
         adapter = self._load(request)
@@ -74,7 +75,12 @@ class LoRAManager:
     def loaded_ids(self) -> set[int]:
         return set(self._loaded)
 
-    def _load(self, request: LoRARequest) -> LoadedAdapter:
+    def check(self, request: LoRARequest) -> None:
+        """Every check `add` makes (config, tensors, shapes), without loading anything:
+        safe on another thread while a step runs."""
+        self._build(request)
+
+    def _build(self, request: LoRARequest):
         cfg = PeftConfig.from_dir(request.lora_path)
         cfg.validate(self.config.max_lora_rank)
         factors, heads = build(self.model.model, cfg, request.lora_path,
@@ -83,6 +89,10 @@ class LoRAManager:
             raise ValueError(f"The adapter {request.lora_name!r} replaces the "
                              f"{sorted(heads)} head, but this model has no classification "
                              "head (it serves embeddings); serve a classifier checkpoint.")
+        return cfg, factors, heads
+
+    def _load(self, request: LoRARequest) -> LoadedAdapter:
+        cfg, factors, heads = self._build(request)
         adapter = LoadedAdapter(request, f"{request.lora_int_id}:"
                                 f"{content_digest(request.lora_path)}", next(self._slots))
         for layer, pair in factors:

@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse, Response
 
 from vllm import envs
 from vllm.engine.async_llm import AsyncLLM
-from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_models,
-                                     serving_pooling, serving_score, serving_tokens)
+from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_lora,
+                                     serving_models, serving_pooling, serving_score,
+                                     serving_tokens)
 from vllm.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                DEFAULT_MAX_REQUEST_BODY_BYTES, AuthMiddleware,
@@ -61,6 +62,7 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
     app.include_router(serving_invocations.make_router(pooling, scores))
     app.include_router(serving_tokens.make_router(serving_tokens.ServingTokens(ctx)))
     app.include_router(serving_models.make_router(ctx))
+    _add_loras(app, ctx, async_llm, args)
 
     @app.get("/health")
     async def health() -> Response:
@@ -85,6 +87,24 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
 
     _add_edge(app, ctx, args)
     return app
+
+
+def _add_loras(app: FastAPI, ctx: ServingContext, async_llm: Any, args: Any) -> None:
+    """LoRA adapters: `--lora-modules` served (and checked) from the start; upstream's
+    runtime load/unload routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    modules = getattr(args, "lora_modules", None) or []
+    runtime = envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    if modules and not getattr(args, "enable_lora", False):
+        raise ValueError("--lora-modules needs --enable-lora.")
+    if not (modules or runtime or getattr(args, "enable_lora", False)):
+        return
+    ctx.loras = serving_lora.LoRARegistry(ctx.served_model_names)
+    if async_llm is not None:
+        serving_lora.load_static(ctx.loras, async_llm, modules)
+    if runtime:
+        logger.warning("LoRA adapters may be loaded and unloaded at runtime "
+                       "(VLLM_ALLOW_RUNTIME_LORA_UPDATING): for trusted clients only.")
+        app.include_router(serving_lora.make_router(ctx.loras, async_llm))
 
 
 def _add_edge(app: FastAPI, ctx: ServingContext, args: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from vllm import envs
 from vllm.engine.arg_utils import IGNORED_ARGS, UNSUPPORTED_ARGS, EngineArgs
 from vllm.entrypoints.dp_args import add_data_parallel_flags
+from vllm.entrypoints.openai.lora_args import LORA_ENGINE_FIELDS, add_lora_flags
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -36,7 +37,7 @@ _IGNORED_SWITCHES = frozenset({
 _IGNORED_OPTIONAL_VALUE = frozenset({"hf_token"})
 _UNSUPPORTED_TYPES: dict[str, Any] = {
     "tensor_parallel_size": int, "pipeline_parallel_size": int, "data_parallel_size": int,
-    "max_lora_rank": int, "rope_theta": float, "enable_lora": bool,
+    "rope_theta": float,
     "enable_expert_parallel": bool}
 _SHORT = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
           "data_parallel_size": "-dp"}
@@ -87,6 +88,7 @@ def make_serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     _add_server_flags(parser)
     _add_engine_flags(parser)
     add_data_parallel_flags(parser)
+    add_lora_flags(parser)
     _add_compat_flags(parser)
     return parser
 
@@ -318,7 +320,8 @@ def resolve_model(args: argparse.Namespace) -> str:
 def engine_args_from_namespace(args: argparse.Namespace) -> EngineArgs:
     """EngineArgs from parsed `vllm serve` flags; no-op flags are logged once each."""
     model = resolve_model(args)
-    kwargs: dict[str, Any] = {f: getattr(args, f) for f in _ENGINE_FIELDS if hasattr(args, f)}
+    kwargs: dict[str, Any] = {f: getattr(args, f) for f in _ENGINE_FIELDS + LORA_ENGINE_FIELDS
+                              if hasattr(args, f)}
     for dest in (*IGNORED_ARGS, *UNSUPPORTED_ARGS):
         if dest not in ("served_model_name", "data_parallel_size") and hasattr(args, dest):
             kwargs[dest] = getattr(args, dest)

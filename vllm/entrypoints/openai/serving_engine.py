@@ -3,6 +3,7 @@ request ids, input normalisation, and running a batch of prompts with abort-on-d
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import time
 import random
@@ -84,6 +85,7 @@ class ServingContext:
         self.metrics = metrics
         self.limits = limits
         self._request_counter = itertools.count()
+        self.loras: Any = None  # serving_lora.LoRARegistry under --enable-lora
 
     # ----- engine and model -------------------------------------------------------------
     @property
@@ -105,11 +107,15 @@ class ServingContext:
         return self.served_model_names[0]
 
     def check_model(self, name: Optional[str]) -> str:
-        """The model name to answer with; 404 when the client asked for another model."""
-        if name is None or name == "" or name in self.served_model_names:
+        """The model name to answer with; 404 when the client asked for another model.
+        A LoRA adapter's name also selects that adapter for this request's `run`."""
+        adapter = self.loras.get(name) if self.loras is not None else None
+        _ADAPTER.set(adapter)
+        if name is None or name == "" or name in self.served_model_names or adapter:
             return name or self.model_name
+        names = self.served_model_names + (list(self.loras.adapters) if self.loras else [])
         raise APIError(404, f"The model `{name}` does not exist. This server serves: "
-                       f"{', '.join(self.served_model_names)}.", "model")
+                       f"{', '.join(names)}.", "model")
 
     def served_routes(self) -> list[str]:
         tasks = set(self.model_config.supported_tasks)
@@ -263,8 +269,10 @@ class ServingContext:
         futures: list[asyncio.Future] = []
         watcher: Optional[_DisconnectWatcher] = None
         try:
-            futures = engine.submit_many([(p, params.clone(), f"{base_id}-{i}")
-                                          for i, p in enumerate(prompts)])
+            items = [(p, params.clone(), f"{base_id}-{i}") for i, p in enumerate(prompts)]
+            adapter = _ADAPTER.get()
+            futures = engine.submit_many(items, lora_request=adapter) if adapter else \
+                engine.submit_many(items)
             everything = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
             watcher = _DisconnectWatcher(request, everything)
             try:
@@ -291,6 +299,10 @@ class ServingContext:
             self.metrics.observe_engine_latency(time.perf_counter() - start)
         return outputs
 
+
+# The LoRA adapter `check_model` picked for the request being handled: each HTTP request
+# runs in its own task, whose context this is (set again by every check_model).
+_ADAPTER: contextvars.ContextVar[Any] = contextvars.ContextVar("lora_adapter", default=None)
 
 # A request still running after this long starts listening for its client's disconnect.
 DISCONNECT_WATCH_DELAY_S = 0.5

@@ -10,11 +10,20 @@ from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 
 
 def list_models(ctx: ServingContext) -> ModelList:
+    """The served names first, then one card per LoRA adapter (root: its directory,
+    parent: its base model), as upstream lists them."""
     config = ctx.model_config
-    return ModelList(data=[
-        ModelCard(id=name, root=str(config.model), max_model_len=config.max_model_len,
-                  permission=[ModelPermission(id=f"modelperm-{random_hex()}")])
-        for name in ctx.served_model_names])
+    cards = [ModelCard(id=name, root=str(config.model), max_model_len=config.max_model_len,
+                       permission=[_permission()])
+             for name in ctx.served_model_names]
+    if ctx.loras is not None:
+        cards += [ModelCard(id=name, root=root, parent=parent, permission=[_permission()])
+                  for name, root, parent in ctx.loras.cards()]
+    return ModelList(data=cards)
+
+
+def _permission() -> ModelPermission:
+    return ModelPermission(id=f"modelperm-{random_hex()}")
 
 
 def make_router(ctx: ServingContext) -> APIRouter:
