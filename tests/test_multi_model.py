@@ -117,3 +117,33 @@ def test_served_names_pair_with_models():
                                                                     ("/m2", ["b"])]
     with pytest.raises(SystemExit, match="2 models need 2 --served-model-name"):
         model_namespaces(types.SimpleNamespace(served_model_name=["a"]), ["/m1", "/m2"])
+
+
+def test_cli_serves_two_models(bert_embed_dir, bert_cls_dir):
+    """`vllm serve A B --served-model-name a b`: both served on one port, each model's
+    memory logged before loading, SIGTERM stops both engines (exit 0)."""
+    import os
+    import signal
+    from test_server import _start_cli
+    proc, url, log = _start_cli(
+        ["vllm.entrypoints.cli.main", "serve", bert_embed_dir, bert_cls_dir, "--port", "0",
+         "--served-model-name", "emb", "rer", "--disable-uvicorn-access-log"],
+        {**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert [c["id"] for c in http.get("/v1/models").json()["data"]] == ["emb", "rer"]
+            assert http.post("/v1/embeddings", json={"input": "a", "model": "emb"}
+                             ).status_code == 200
+            assert http.post("/rerank", json={"query": "a", "documents": ["b"],
+                                              "model": "rer"}).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+        log.append(rest)
+        assert proc.returncode == 0, "".join(log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(log)
+    assert "Model emb: weights" in text and "Model rer: weights" in text
+    assert "Server stopped" in text
