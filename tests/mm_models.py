@@ -15,6 +15,7 @@ from model_factory import BERT_VOCAB, SEED, _fresh, _perturb, _save, hf_tokenize
     save_bert_tokenizer
 
 SEP_ID = 102  # the BERT tokenizer's [SEP]: the tiny text towers' EOS
+TEXTS = ["a photo of a cat", "hello world"]
 
 
 def _towers(text_cls, vision_cls, **vision_extra):
@@ -112,6 +113,12 @@ def hf_features(path, texts=(), images=()) -> tuple[list[torch.Tensor], list[tor
             pixels = proc(images=[img], return_tensors="pt")["pixel_values"]
             out_i.append(_unit(model.get_image_features(pixel_values=pixels)))
     return out_t, out_i
+
+
+def references(path) -> dict[str, list[torch.Tensor]]:
+    """Transformers' unit embeddings of TEXTS and of pictures 1 and 2."""
+    texts, images = hf_features(path, TEXTS, [picture(1), picture(2)])
+    return {"text": texts, "image": images}
 
 
 def _unit(x) -> torch.Tensor:

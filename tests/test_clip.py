@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import mm_models as mm
-from servers import Server, _engine
+from servers import _model_server
 from test_server import _ok
 
-TEXTS = ["a photo of a cat", "hello world"]
+TEXTS = mm.TEXTS
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +25,12 @@ def llm(shared_llm, clip_dir):
 
 @pytest.fixture(scope="module")
 def reference(clip_dir):
-    texts, images = mm.hf_features(clip_dir, TEXTS, [mm.picture(1), mm.picture(2)])
-    return {"text": texts, "image": images}
+    return mm.references(clip_dir)
 
 
 @pytest.fixture(scope="module")
 def server(clip_dir):
-    engine = _engine(clip_dir)
-    srv = Server(engine)
-    yield srv
-    srv.close()
-    engine.shutdown()
+    yield from _model_server(clip_dir)
 
 
 def image_prompt(img) -> dict:

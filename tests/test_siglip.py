@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 import mm_models as mm
-from servers import Server, _engine
-from test_clip import TEXTS, _cos, image_message, image_prompt, png_url
+from mm_models import TEXTS
+from servers import _model_server
+from test_clip import _cos, image_message, image_prompt, png_url
 from test_server import _ok
 
 
@@ -18,17 +19,12 @@ def siglip_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(siglip_dir):
-    texts, images = mm.hf_features(siglip_dir, TEXTS, [mm.picture(1), mm.picture(2)])
-    return {"text": texts, "image": images}
+    return mm.references(siglip_dir)
 
 
 @pytest.fixture(scope="module")
 def server(siglip_dir):
-    engine = _engine(siglip_dir)
-    srv = Server(engine)
-    yield srv
-    srv.close()
-    engine.shutdown()
+    yield from _model_server(siglip_dir)
 
 
 def test_text_and_image_prompts_match_transformers(shared_llm, siglip_dir, reference,
