@@ -28,7 +28,7 @@ logger = init_logger(__name__)
 def tracked_kind(vllm_config) -> Optional[str]:
     """The pooling kind the tracker runs for, or None when the ordinary path suffices."""
     mc = vllm_config.model_config
-    kind = getattr(mc, "gate_pooling_type", mc.pooler_config.pooling_type)
+    kind = mc.gate_pooling_type  # a token task reads every token: ALL
     on = vllm_config.cache_config.enable_prefix_caching or \
         vllm_config.scheduler_config.enable_chunked_prefill
     return kind if on and mc.is_causal and kind in PAYLOAD_KINDS else None
@@ -48,9 +48,13 @@ class PoolTracker:
         self.pool_prompt = pool_prompt
         self.store = store
         self._cls_rows: dict[int, int] = {}
-        logger.info("%s pooling runs exactly across chunks%s: %s.", kind,
-                    " and cached blocks" if store is not None else "",
-                    describe_payload(kind))
+        if store is not None:
+            logger.info("%s pooling runs exactly across chunks and cached blocks; a cached "
+                        "block carries %s.", kind, describe_payload(kind))
+        else:
+            logger.info("%s pooling runs exactly across chunks (its partial result kept per "
+                        "request); prefix caching is off, so no pooling payload is cached.",
+                        kind)
 
     # ----- per request ----------------------------------------------------------------
     def _skip(self, req: Request) -> int:

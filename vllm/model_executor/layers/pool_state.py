@@ -27,8 +27,8 @@ import torch
 PAYLOAD_KINDS = ("CLS", "MEAN", "ALL", "STEP")
 
 _DESCRIPTION = {
-    "MEAN": "the float32 sum of each block's final hidden states",
-    "CLS": "the first (CLS) token's final hidden state, in the block holding it",
+    "MEAN": "the float32 sum of its tokens' final hidden states",
+    "CLS": "the CLS token's final hidden state (the block holding that token)",
     "ALL": "every token's final hidden state (before the head)",
     "STEP": "every token's final hidden state (before the head; step tags, "
             "returned_token_ids and the activation are applied after)",
