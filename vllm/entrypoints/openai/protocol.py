@@ -46,6 +46,14 @@ class UnsupportedFieldError(ValueError):
         self.field = field
 
 
+class FieldError(ValueError):
+    """A request error that names its field (the 400's `param`)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class OpenAIBaseModel(BaseModel):
     """Unknown request fields are accepted and ignored, as OpenAI clients send extras."""
 
@@ -121,8 +129,10 @@ class EmbeddingRequest(EngineRequest):
 
     @model_validator(mode="after")
     def _input_or_messages(self) -> "EmbeddingRequest":
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("Give either `input` or `messages` (not both).")
+        if self.input is None and self.messages is None:
+            raise FieldError("Field required: `input` (or chat-style `messages`).", "input")
+        if self.input is not None and self.messages is not None:
+            raise FieldError("Give either `input` or `messages`, not both.", "messages")
         return self
 
 
