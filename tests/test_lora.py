@@ -147,3 +147,18 @@ def test_max_loras_bounds_the_adapters_of_one_step(qwen3_embed_dir, tmp_path):
         before = llm.llm_engine.stats.num_steps
         llm.embed(["a b", "c d", "e f", "g h"], lora_request=adapters + [None], use_tqdm=False)
         assert llm.llm_engine.stats.num_steps - before == steps
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_embed_dir", "bert_embed_dir"])
+def test_few_adapter_rows_among_many_base_rows(fixture, request, tmp_path):
+    """Adapter rows a minority of the step: the LoRA term runs on those rows only, taken
+    as one slice (a single adapter request) or gathered (requests apart in the layout)."""
+    base = request.getfixturevalue(fixture)
+    kind, targets, pooling = EMBEDDERS[fixture]
+    a, b = _adapters(base, tmp_path, kind, targets, n=2)
+    llm = LLM(base, enable_lora=True, max_loras=2, max_lora_rank=8)
+    prompts = mf.mixed_prompts(mf.hf_tokenizer(base), lengths=(20, 90, 12, 80, 15, 70))
+    for loras in ([a, None, b, None, None, None], [None, None, None, None, a, None]):
+        for out, lora in zip(llm.embed(prompts, lora_request=loras, use_tqdm=False), loras):
+            ref = _references(base, lora, kind, out.prompt_token_ids, pooling)[0]
+            assert mf.max_abs_diff(out.outputs.embedding, ref) <= ATOL, (fixture, lora)

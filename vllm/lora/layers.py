@@ -1,128 +1,73 @@
-"""The per-step LoRA add: a projection's rows grouped by adapter, `x @ A_i @ B_i * s_i`
-added to each group's rows of the base output (no weight merge, base rows untouched).
+"""The per-step LoRA add: `x @ A_i @ B_i * s_i` added to the rows of adapter i in a
+projection's base output (no weight merge, base rows untouched).
 
-`StepRows` is the one description of the step's row -> adapter mapping; the model runner
-fills it before the forward pass and clears it after. Every LoRA-carrying `Linear` holds
-a `LoRALayer` (its adapters' factors, keyed by slot) that reads it. A layer sees either
-all T flat rows or, in the last layer under LAST/CLS pooling, only the pooled rows; the
-mapping knows both.
+A projection stacks the factors of the step's adapters that target it (A^T side by side,
+B^T one above the other), so its LoRA term is two GEMMs whatever the number of adapters:
+h = x @ [A_1 .. A_k], masked so each row keeps its own adapter's columns (`step.RowMap`),
+then y += h @ [B_1; ..; B_k], added in the GEMM. The term is added before the layer's
+activation; a residual add stays fused in the base GEMM.
 """
 from __future__ import annotations
 
 import copy
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import nn
 
+from vllm.lora.step import RowMap, StepRows
 from vllm.model_executor.layers.linear import GatedLinear, Linear, apply_activation
 
-Rows = Union[slice, torch.Tensor]
-Group = tuple[int, Rows]  # (adapter slot, its rows)
-
-
-class StepRows:
-    """This step's flat rows per adapter slot (base rows are in no group)."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self._by_count: dict[int, list[Group]] = {}
-        self.pooled: list[int] = []   # adapter slot (0 = base) of each finishing request
-        self._cursor = 0
-
-    def set(self, slots: list[int], starts: list[int], pooled_rows: Optional[list[int]],
-            pooled: list[int], device) -> None:
-        """`slots[i]`: request i's adapter slot (0 = base), its rows starts[i]:starts[i+1];
-        `pooled_rows`: the flat rows the last layer keeps (None: all); `pooled`: the slot of
-        each finishing request, in pooling order."""
-        self.clear()
-        self.pooled = pooled
-        if not any(slots):
-            return
-        runs = [(s, starts[i], starts[i + 1]) for i, s in enumerate(slots) if s]
-        self._by_count[starts[-1]] = _groups(runs, device)
-        if pooled_rows is not None:
-            owner = _row_owner(slots, starts)
-            picked = [(owner[r], j, j + 1) for j, r in enumerate(pooled_rows) if owner[r]]
-            self._by_count.setdefault(len(pooled_rows), _groups(picked, device))
-
-    def groups(self, num_rows: int) -> list[Group]:
-        """The adapter groups of a projection input with `num_rows` rows."""
-        if not self._by_count:
-            return []
-        found = self._by_count.get(num_rows)
-        if found is None:
-            raise RuntimeError(f"LoRA: a projection saw {num_rows} rows; this step has "
-                               f"{sorted(self._by_count)}.")
-        return found
-
-    def head_slots(self, num_rows: int, per_request: bool) -> list[int]:
-        """Adapter slot of each row a task head sees: one row per finishing request, or
-        (`per_request`: ALL/STEP pooling, the head runs once per request) that request's."""
-        if not per_request:
-            if len(self.pooled) != num_rows:
-                raise RuntimeError(f"LoRA heads: the head saw {num_rows} rows for "
-                                   f"{len(self.pooled)} pooled requests.")
-            return self.pooled
-        slot = self.pooled[self._cursor] if self._cursor < len(self.pooled) else 0
-        self._cursor += 1
-        return [slot] * num_rows
-
-
-def _row_owner(slots: list[int], starts: list[int]) -> list[int]:
-    owner = [0] * starts[-1]
-    for i, s in enumerate(slots):
-        owner[starts[i]: starts[i + 1]] = [s] * (starts[i + 1] - starts[i])
-    return owner
-
-
-def _groups(runs: list[tuple[int, int, int]], device) -> list[Group]:
-    """(slot, start, end) runs -> one group per slot: a slice when its rows are one run."""
-    by_slot: dict[int, list[tuple[int, int]]] = {}
-    for slot, a, b in runs:
-        spans = by_slot.setdefault(slot, [])
-        if spans and spans[-1][1] == a:
-            spans[-1] = (spans[-1][0], b)
-        else:
-            spans.append((a, b))
-    out: list[Group] = []
-    for slot, spans in by_slot.items():
-        if len(spans) == 1:
-            out.append((slot, slice(*spans[0])))
-        else:
-            idx = torch.cat([torch.arange(a, b) for a, b in spans]).to(device)
-            out.append((slot, idx))
-    return out
+Stacked = tuple[torch.Tensor, object, tuple[int, ...]]  # A^T, B^T (or its halves), columns
 
 
 class LoRALayer:
-    """The adapters of one `Linear`: slot -> (A^T [in, R], s * B^T [R, out])."""
+    """The adapters of one `Linear`: slot -> (A^T [in, r], s * B^T [r, out])."""
 
-    def __init__(self, step: StepRows) -> None:
+    def __init__(self, step: StepRows, layer: Linear) -> None:
         self.step = step
+        self.gemm = layer.gemm  # the layer's bound GEMM runs the LoRA GEMMs too
+        self.gated = isinstance(layer, GatedLinear)
         self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._stacked: Optional[tuple[tuple[int, ...], Stacked]] = None
 
-    def groups(self, x: torch.Tensor) -> list[tuple[tuple[torch.Tensor, torch.Tensor], Rows]]:
-        """The step's groups whose adapter has factors here (empty: run the base path)."""
-        return [(self.factors[s], rows) for s, rows in self.step.groups(x.shape[0])
-                if s in self.factors]
+    def groups(self, x: torch.Tensor) -> Optional[tuple[RowMap, Stacked]]:
+        """This step's plan for `x` (None: no row of it runs an adapter of this layer)."""
+        rows = self.step.rows(x.shape[0])
+        if rows is None:
+            return None
+        active = tuple(s for s in rows.slots if s in self.factors)
+        return (rows, self._stack(active)) if active else None
 
-    def forward(self, layer: Linear, x: torch.Tensor, groups, residual=None,
+    def _stack(self, active: tuple[int, ...]) -> Stacked:
+        if self._stacked is None or self._stacked[0] != active:
+            a = self._weight(torch.cat([self.factors[s][0] for s in active], 1))
+            b = torch.cat([self.factors[s][1] for s in active], 0)
+            b = tuple(self._weight(h) for h in b.chunk(2, dim=1)) if self.gated else \
+                self._weight(b)
+            cols = tuple(s for s in active for _ in range(self.factors[s][0].shape[1]))
+            self._stacked = (active, (a, b, cols))
+        return self._stacked[1]
+
+    def _weight(self, t: torch.Tensor) -> torch.Tensor:
+        """A [in, out] factor as the GEMM's weight ([out, in], packed where it packs)."""
+        w = t.t().contiguous()
+        packed = self.gemm.pack(w)
+        return w if packed is None else packed
+
+    def forward(self, layer: Linear, x: torch.Tensor, plan, residual=None,
                 other=None) -> torch.Tensor:
-        """The layer's output with each group's delta added before its epilogue."""
+        """The layer's output with each row's adapter term added before its epilogue."""
+        rows, (a, b, cols) = plan
+        h = self._low_rank(x, rows, a, cols)
         if isinstance(layer, GatedLinear):
             gate, up = layer.project(x)
-            width = gate.shape[1]
-            for (a_t, b_t), rows in groups:
-                d = _delta(x, rows, a_t, b_t)
-                _add(gate, rows, d[:, :width])
-                _add(up, rows, d[:, width:])
+            gate = self._add(gate, rows, h, b[0])
+            up = self._add(up, rows, h, b[1])
             return apply_activation(layer.gate_activation, gate) * up
-        y = layer.project(x)
-        for (a_t, b_t), rows in groups:
-            _add(y, rows, _delta(x, rows, a_t, b_t))
+        if residual is not None and layer.activation is None:
+            return self._add(layer.project(x, "add", residual), rows, h, b)
+        y = self._add(layer.project(x), rows, h, b)
         if layer.activation is not None:
             y = apply_activation(layer.activation, y)
         if residual is not None:
@@ -131,17 +76,28 @@ class LoRALayer:
             y *= other
         return y
 
+    def _low_rank(self, x: torch.Tensor, rows: RowMap, a: torch.Tensor,
+                  cols: tuple[int, ...]) -> torch.Tensor:
+        """x's taken rows @ A^T, each row keeping only its own adapter's columns."""
+        sel = rows.rows
+        xs = x if sel is None else x[sel] if isinstance(sel, slice) else \
+            x.index_select(0, sel)
+        h = self.gemm.linear(xs, a, None, None)
+        mask = rows.mask(cols, h.dtype)
+        return h if mask is None else h.mul_(mask)
 
-def _delta(x: torch.Tensor, rows: Rows, a_t: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
-    xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
-    return (xs @ a_t) @ b_t
-
-
-def _add(y: torch.Tensor, rows: Rows, d: torch.Tensor) -> None:
-    if isinstance(rows, slice):
-        y[rows] += d
-    else:
-        y.index_add_(0, rows, d)
+    def _add(self, y: torch.Tensor, rows: RowMap, h: torch.Tensor,
+             b: torch.Tensor) -> torch.Tensor:
+        """y + h @ B^T on the taken rows (in the GEMM's epilogue where all rows are)."""
+        sel = rows.rows
+        if sel is None:
+            return self.gemm.linear_add(h, y, b, None)
+        d = self.gemm.linear(h, b, None, None)
+        if isinstance(sel, slice):
+            y[sel] += d
+        else:
+            y.index_add_(0, sel, d)
+        return y
 
 
 class AdapterHeads(nn.Module):

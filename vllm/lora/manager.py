@@ -19,9 +19,10 @@ from torch import nn
 from vllm.config.lora import LoRAConfig
 from vllm.logger import init_logger
 from vllm.lora.adapter_weights import build
-from vllm.lora.layers import AdapterHeads, LoRALayer, StepRows
+from vllm.lora.layers import AdapterHeads, LoRALayer
 from vllm.lora.peft_config import PeftConfig, content_digest
 from vllm.lora.request import LoRARequest
+from vllm.lora.step import StepRows
 from vllm.lora.targets import check_supported
 
 logger = init_logger(__name__)
@@ -97,7 +98,7 @@ class LoRAManager:
                                 f"{content_digest(request.lora_path)}", next(self._slots))
         for layer, pair in factors:
             if layer.lora is None:
-                layer.lora = LoRALayer(self.step)
+                layer.lora = LoRALayer(self.step, layer)
             layer.lora.factors[adapter.slot] = pair
             adapter.layers.append(layer)
         for child, tensors in heads.items():

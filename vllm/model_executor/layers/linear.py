@@ -209,10 +209,14 @@ class Linear(nn.Linear):
             return self.skinny(x, self.bias, "mul", other)
         return self.gemm.linear_mul(x, other, self._gemm_weight(), self.bias)
 
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ W.T + b on the bound GEMM, without the activation (LoRA adds before it)."""
+    def project(self, x: torch.Tensor, mode: Optional[str] = None,
+                other: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x @ W.T + b on the bound GEMM without the activation (LoRA adds before it);
+        `mode` "add": + other, in the GEMM's epilogue."""
         if self.skinny is not None and self.skinny.takes(x):
-            return self.skinny(x, self.bias)
+            return self.skinny(x, self.bias, mode, other)
+        if mode == "add":
+            return self.gemm.linear_add(x, other, self._gemm_weight(), self.bias)
         return self.gemm.linear(x, self._gemm_weight(), self.bias, None)
 
     def _gemm_weight(self) -> Weight:
@@ -265,7 +269,8 @@ class GatedLinear(Linear):
             return up(x, None, "mul", _skinny_activation(gate, x, None, self.gate_activation))
         return self.gemm.gated(x, self._gemm_weight(), self.gate_activation)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def project(self, x: torch.Tensor, mode: Optional[str] = None,  # type: ignore[override]
+                other: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x @ gate.T, x @ up.T) on the bound GEMM, before the activation and product."""
         if self.skinny is not None and self.skinny[0].takes(x):
             return self.skinny[0](x, None), self.skinny[1](x, None)
