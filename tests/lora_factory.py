@@ -30,12 +30,14 @@ def _load(base_dir, kind: str):
 def make_adapter(base_dir, out_dir, *, kind: str = "base", r: int = 4, alpha: float = 8,
                  targets: Sequence[str] = ("q_proj", "v_proj"), seed: int = 0,
                  use_rslora: bool = False, modules_to_save: Optional[list[str]] = None,
-                 std: float = 0.2, config_edits: Optional[dict] = None) -> str:
+                 std: float = 0.2, config_edits: Optional[dict] = None,
+                 **lora_kwargs) -> str:
     """Save a seeded adapter for `base_dir` (trained on the `kind` class) into `out_dir`."""
     from peft import LoraConfig, get_peft_model
     model = _load(base_dir, kind)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
-                     use_rslora=use_rslora, modules_to_save=modules_to_save)
+                     use_rslora=use_rslora, modules_to_save=modules_to_save,
+                     **lora_kwargs)
     peft_model = get_peft_model(model, cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -162,3 +162,16 @@ def test_few_adapter_rows_among_many_base_rows(fixture, request, tmp_path):
         for out, lora in zip(llm.embed(prompts, lora_request=loras, use_tqdm=False), loras):
             ref = _references(base, lora, kind, out.prompt_token_ids, pooling)[0]
             assert mf.max_abs_diff(out.outputs.embedding, ref) <= ATOL, (fixture, lora)
+
+
+def test_rank_and_alpha_patterns_follow_peft(qwen3_embed_dir, tmp_path):
+    """PEFT's per-module rank_pattern / alpha_pattern (rank 2 on v_proj, alpha 3 on
+    q_proj) give the scaling PEFT uses."""
+    path = lf.make_adapter(qwen3_embed_dir, tmp_path / "pat", targets=DECODER, r=4,
+                           rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 3.0})
+    lora = LoRARequest("pat", 1, path)
+    llm = LLM(qwen3_embed_dir, enable_lora=True, max_lora_rank=8)
+    out = llm.embed(["hello world the quick brown fox"], lora_request=lora, use_tqdm=False)[0]
+    peft = _pooled(lf.run(lf.peft_model(qwen3_embed_dir, path, "base"), out.prompt_token_ids),
+                   "LAST")
+    assert mf.max_abs_diff(out.outputs.embedding, peft) <= ATOL
