@@ -124,3 +124,81 @@ def references(path) -> dict[str, list[torch.Tensor]]:
 def _unit(x) -> torch.Tensor:
     x = getattr(x, "pooler_output", x)
     return torch.nn.functional.normalize(x.reshape(-1).float(), dim=-1)
+
+
+# --------------------------------------------------------------------------- Qwen2-VL
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+
+
+def _qwen2_vl_tokenizer(path: pathlib.Path) -> dict[str, int]:
+    """The small BPE tokenizer plus Qwen2-VL's vision tokens; their ids."""
+    from transformers import AutoTokenizer
+    from model_factory import save_bpe_tokenizer
+    save_bpe_tokenizer(path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.add_tokens(VISION_TOKENS, special_tokens=True)
+    tok.save_pretrained(str(path))
+    return {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+
+
+def make_qwen2_vl(path, seed: int = SEED + 22) -> pathlib.Path:
+    """Qwen2VLForConditionalGeneration: a 2-layer decoder (hidden 64, head 16, M-RoPE
+    sections 2/3/3), a 2-block vision tower (patch 4, merge 2), the slow image processor."""
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                              Qwen2VLImageProcessor)
+    path = _fresh(path)
+    ids = _qwen2_vl_tokenizer(path)
+    torch.manual_seed(seed)
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2),
+        image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], bos_token_id=None, eos_token_id=None)
+    model = Qwen2VLForConditionalGeneration(config)
+    _perturb(model)
+    _save(model, path)
+    Qwen2VLImageProcessor(patch_size=4, merge_size=2, temporal_patch_size=2,
+                          min_pixels=8 * 8, max_pixels=64 * 64).save_pretrained(str(path))
+    return path
+
+
+def VISION_IDS(path) -> int:  # noqa: N802
+    """The `<|image_pad|>` id of a tiny Qwen2-VL checkpoint."""
+    return hf_tokenizer(path).convert_tokens_to_ids("<|image_pad|>")
+
+
+def vlm_text(text: str, images: int = 1, before: str = "") -> str:
+    """Upstream's GME-style embedding prompt with `images` image placeholders (after
+    `before`, a text ahead of them)."""
+    pads = "<|vision_start|><|image_pad|><|vision_end|>" * images
+    return f"<|im_start|>user\n{before}{pads}{text}<|im_end|>\n<|im_start|>assistant\n" \
+        "<|endoftext|>"
+
+
+def hf_vlm_last_hidden(path, text: str, images=()) -> torch.Tensor:
+    """Transformers' Qwen2-VL last-token hidden state (final norm) of one prompt."""
+    from transformers import AutoImageProcessor, Qwen2VLForConditionalGeneration
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
+    tok = hf_tokenizer(path)
+    ids = tok(text)["input_ids"]
+    kwargs = {}
+    if images:
+        proc = AutoImageProcessor.from_pretrained(str(path), backend="pil")
+        out = proc(images=list(images), return_tensors="pt")
+        merge = model.config.vision_config.spatial_merge_size
+        pad = model.config.image_token_id
+        expanded, grids = [], iter(out["image_grid_thw"].tolist())
+        for t in ids:
+            expanded += [pad] * (int(torch.tensor(next(grids)).prod()) // merge ** 2) \
+                if t == pad else [t]
+        ids = expanded
+        kwargs = dict(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"],
+                      mm_token_type_ids=torch.tensor([[int(t == pad) for t in ids]]))
+    with torch.inference_mode():
+        out = model.model(input_ids=torch.tensor([ids]), **kwargs)
+    return out.last_hidden_state[0, -1].float()

@@ -264,11 +264,12 @@ class ModelConfig:
 
     def _check_media_settings(self) -> None:
         """--limit-mm-per-prompt: image counts only, at most one for a dual encoder."""
+        dual = self.is_multimodal and not self.is_causal
         for modality in (self.limit_mm_per_prompt or {}):
             if modality != "image":
                 raise ValueError(f"limit_mm_per_prompt: only 'image' is supported; got "
                                  f"{modality!r}.")
-        if self.is_multimodal and self.mm_limit("image") > 1:
+        if dual and self.mm_limit("image") > 1:
             raise ValueError(f"{self.architecture} embeds one image per prompt; set "
                              "limit_mm_per_prompt's image count to 0 or 1.")
         if self.is_multimodal and self.pooler_config.enable_chunked_processing:

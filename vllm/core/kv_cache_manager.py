@@ -29,14 +29,21 @@ def _seed(extra: Optional[str], pool_key: Optional[str] = None) -> bytes:
 
 
 def hash_blocks(token_ids: list[int], block_size: int, extra: Optional[str] = None,
-                pool_key: Optional[str] = None) -> list[bytes]:
+                pool_key: Optional[str] = None,
+                position_keys: Optional[list[tuple[int, str]]] = None) -> list[bytes]:
     """Chained hashes of every full block of `token_ids` (seeded by the salt `extra` and
-    the pooling payload's setting `pool_key`)."""
+    the pooling payload's setting `pool_key`); a block also covers the `position_keys`
+    (position, key) whose position falls in it (an image's content hash at its first
+    placeholder token), and the chain carries them on."""
     hashes: list[bytes] = []
     parent = _seed(extra, pool_key)
+    keys = sorted(position_keys or ())
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         h = hashlib.sha256(parent)
         h.update(array("q", token_ids[start: start + block_size]).tobytes())
+        for pos, key in keys:
+            if start <= pos < start + block_size:
+                h.update(b"\xff" + key.encode())
         parent = h.digest()
         hashes.append(parent)
     return hashes
@@ -86,7 +93,8 @@ class KVCacheManager:
         """Hash the request's full prompt blocks (and its prompt's partial block) once."""
         if self.enable_caching and not request.block_hashes:
             request.block_hashes = hash_blocks(request.prompt_token_ids, self.block_size,
-                                               request.hash_extra, request.pool_key)
+                                               request.hash_extra, request.pool_key,
+                                               request.position_keys)
             cut = (request.prompt_len or 0) if self.cache_partials else 0
             i, rest = divmod(cut, self.block_size)
             if rest and cut <= request.num_tokens:

@@ -58,6 +58,12 @@ class Request:
         return f"{self.cache_salt or ''}\x00lora:{self.lora_key}"
 
     @property
+    def position_keys(self) -> Optional[list[tuple[int, str]]]:
+        """(token position, content key) pairs the block hashes cover: each image's hash at
+        its first placeholder (the opaque `images` may name them), else None."""
+        return getattr(self.images, "position_keys", None)
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

@@ -385,7 +385,8 @@ class InputProcessor(SentenceTransformersPrompts):
                 f"processing). However, you requested {len(ids)} tokens in the input for "
                 "pooling. Please reduce the length of the input prompt, or pass "
                 "truncate_prompt_tokens.")
-        if not chunked and prompt.images is None and len(ids) > self.mc.max_model_len:
+        dual_image = prompt.images is not None and not self.mc.is_causal  # not text positions
+        if not chunked and not dual_image and len(ids) > self.mc.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {self.mc.max_model_len} tokens. "
                 f"However, you requested {len(ids)} tokens in the input for pooling. Please "

@@ -22,10 +22,24 @@ PLACEHOLDER_ID = 0
 
 @dataclass
 class ImageInputs:
-    """A prompt's images: pixel values [n, 3, H, W] and one content hash per image."""
+    """A prompt's images: pixel values (dual encoders [n, 3, H, W]; Qwen2-VL its patches,
+    [sum of patches, C * T * P * P]) and one content hash per image. A vision-language
+    model's prompt also carries each image's patch grid (t, h, w), its placeholder span
+    (start, length) in the prompt, and every token's multimodal rotary position [3, L]."""
 
     pixel_values: torch.Tensor
     hashes: list[str]
+    grids: Optional[list[tuple[int, int, int]]] = None
+    spans: Optional[list[tuple[int, int]]] = None
+    positions: Optional[torch.Tensor] = None
+
+    @property
+    def position_keys(self) -> Optional[list[tuple[int, str]]]:
+        """(first placeholder, content hash) of each image placed in the prompt's tokens:
+        the prefix cache's block hashes cover them (None for a dual encoder's image)."""
+        if self.spans is None:
+            return None
+        return [(start, h) for (start, _), h in zip(self.spans, self.hashes)]
 
 
 def placeholder_len(hf_config) -> int:
@@ -71,6 +85,10 @@ class ImagePrompts:
         if not images:
             raise ValueError("multi_modal_data holds no image.")
         self.check_count(len(images))
+        if self.mc.is_causal:  # a vision-language model: text and images together
+            from vllm.multimodal.vlm_inputs import vlm_prompt
+            return vlm_prompt(self.image_processor, self.mc.hf_config, list(text_ids or []),
+                              images, [image_hash(img) for img in images])
         special = set(self.tokenizer.all_special_ids)
         if text_ids and not all(t in special for t in text_ids):
             raise ValueError(f"{self.mc.architecture} takes text-only or image-only prompts, "

@@ -62,6 +62,8 @@ _REGISTRY: dict[str, ModelEntry] = {
                             multimodal=True),
     "SiglipModel": ModelEntry("siglip", "SiglipEmbeddingModel", "LAST", "embed", False,
                               multimodal=True),
+    "Qwen2VLForConditionalGeneration": ModelEntry("qwen2_vl", "Qwen2VLEmbeddingModel", "LAST",
+                                                  "embed", True, multimodal=True),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),

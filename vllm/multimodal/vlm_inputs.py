@@ -1,0 +1,62 @@
+"""Image prompts of a vision-language model (Qwen2-VL): each `<|image_pad|>` in the prompt
+becomes one placeholder per merged patch of its image, and every token gets its multimodal
+rotary position (temporal, height, width): text counts on from the last position, an
+image's tokens sit on their grid, and the text after an image starts past the grid's larger
+side. The positions and each image's span and content hash travel in `ImageInputs`."""
+from __future__ import annotations
+
+import torch
+
+
+def expand_pads(ids: list[int], pad_id: int, sizes: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """`ids` with the i-th `pad_id` repeated sizes[i] times, and each image's (start,
+    length) in the result; a ValueError when the pads and images do not pair up."""
+    pads = [i for i, t in enumerate(ids) if t == pad_id]
+    if len(pads) != len(sizes):
+        raise ValueError(f"The prompt has {len(pads)} image placeholder(s) (<|image_pad|>) "
+                         f"but {len(sizes)} image(s) were given; put one <|image_pad|> per "
+                         "image (inside <|vision_start|>...<|vision_end|>).")
+    out: list[int] = []
+    spans: list[tuple[int, int]] = []
+    prev = 0
+    for pos, n in zip(pads, sizes):
+        out += ids[prev:pos]
+        spans.append((len(out), n))
+        out += [pad_id] * n
+        prev = pos + 1
+    return out + ids[prev:], spans
+
+
+def mrope_positions(length: int, spans: list[tuple[int, int]], grids: list[tuple[int, int, int]],
+                    merge: int) -> torch.Tensor:
+    """[3, length] positions (t, h, w) of a prompt whose images sit at `spans` with patch
+    grids `grids` (t, h, w before merging)."""
+    parts: list[torch.Tensor] = []
+    pos, cur = 0, 0
+    for (start, n), (t, h, w) in zip(spans, grids):
+        if start > cur:
+            parts.append(torch.arange(start - cur).expand(3, -1) + pos)
+            pos += start - cur
+        gh, gw = h // merge, w // merge
+        grid_t, grid_h, grid_w = torch.meshgrid(torch.arange(t), torch.arange(gh),
+                                                torch.arange(gw), indexing="ij")
+        parts.append(torch.stack([grid_t, grid_h, grid_w]).reshape(3, -1) + pos)
+        pos += max(gh, gw)
+        cur = start + n
+    if length > cur:
+        parts.append(torch.arange(length - cur).expand(3, -1) + pos)
+    return torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+
+
+def vlm_prompt(image_processor, hf_config, ids: list[int], images: list,
+               hashes: list[str]) -> tuple[list[int], "object"]:
+    """(expanded ids, ImageInputs) of a Qwen2-VL prompt with its images."""
+    from vllm.multimodal.inputs import ImageInputs
+    merge = hf_config.vision_config.spatial_merge_size
+    out = image_processor(images=images, return_tensors="pt")
+    grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+    sizes = [t * h * w // (merge * merge) for t, h, w in grids]
+    expanded, spans = expand_pads(ids, hf_config.image_token_id, sizes)
+    inputs = ImageInputs(out["pixel_values"], hashes, grids=grids, spans=spans,
+                         positions=mrope_positions(len(expanded), spans, grids, merge))
+    return expanded, inputs
