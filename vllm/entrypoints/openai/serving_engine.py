@@ -147,8 +147,8 @@ class ServingContext:
         if task in self.model_config.pooling_tasks:  # the model has it, the engine runs another
             raise bad_request("Try switching the model's pooling_task via "
                               f"--pooler-config.task {task}.", param)
-        raise bad_request(f"Unsupported task: {task!r} Supported tasks: {tuple(supported)}",
-                          param)
+        raise bad_request(f"Unsupported task: {task!r} Supported tasks: "  # upstream's
+                          f"{tuple(self.model_config.pooling_tasks)}", param)
 
     def route_error(self, path: str) -> Optional[str]:
         """Why the served model cannot serve the pooling route `path` (the body of a 404
