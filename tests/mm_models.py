@@ -180,12 +180,44 @@ def vlm_text(text: str, images: int = 1, before: str = "") -> str:
         "<|endoftext|>"
 
 
-def hf_vlm_last_hidden(path, text: str, images=()) -> torch.Tensor:
+def make_jina_reranker(path, src) -> pathlib.Path:
+    """jina-reranker-m0's layout on the tiny Qwen2-VL `src`: JinaVLForRanking, one label,
+    a seeded `score` MLP (score.0: h -> h, score.2: h -> 1) beside the backbone."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    path = pathlib.Path(path)
+    shutil.copytree(src, path)
+    weights = load_file(str(path / "model.safetensors"))
+    gen = torch.Generator().manual_seed(SEED + 23)
+    for name, shape in (("score.0.weight", (64, 64)), ("score.0.bias", (64,)),
+                        ("score.2.weight", (1, 64)), ("score.2.bias", (1,))):
+        weights[name] = torch.randn(shape, generator=gen) * 0.3
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config.update(architectures=["JinaVLForRanking"], num_labels=1,
+                  id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def jina_reference(path, query: str, document: str, images=()) -> float:
+    """sigmoid(score MLP(last hidden)) of upstream's jina-reranker-m0 prompt + token 100."""
+    from safetensors.torch import load_file
+    text = f"**Document**:\n{document}\n**Query**:\n{query}"
+    hidden = hf_vlm_last_hidden(path, text, images, suffix=[100])
+    w = load_file(str(pathlib.Path(path) / "model.safetensors"))
+    x = torch.relu(hidden @ w["score.0.weight"].T + w["score.0.bias"])
+    return float(torch.sigmoid(x @ w["score.2.weight"].T + w["score.2.bias"]))
+
+
+def hf_vlm_last_hidden(path, text: str, images=(), suffix=()) -> torch.Tensor:
     """Transformers' Qwen2-VL last-token hidden state (final norm) of one prompt."""
     from transformers import AutoImageProcessor, Qwen2VLForConditionalGeneration
     model = Qwen2VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
     tok = hf_tokenizer(path)
-    ids = tok(text)["input_ids"]
+    ids = tok(text)["input_ids"] + list(suffix)
     kwargs = {}
     if images:
         proc = AutoImageProcessor.from_pretrained(str(path), backend="pil")

@@ -91,3 +91,59 @@ def test_placeholders_must_match_the_images(qwen2_vl_dir):
                    "multi_modal_data": {"image": [mm.picture(1), mm.picture(2)]}})
     with pytest.raises(ValueError, match="At most 2 image"):
         llm.embed(prompt("x", mm.picture(1), mm.picture(2), mm.picture(3)))
+
+
+# ----- a Qwen2-VL reranker (jina-reranker-m0's layout) ---------------------------------------
+@pytest.fixture(scope="module")
+def reranker_dir(qwen2_vl_dir, tmp_path_factory) -> str:
+    return str(mm.make_jina_reranker(tmp_path_factory.mktemp("jina") / "model", qwen2_vl_dir))
+
+
+def image_item(img) -> dict:
+    return {"prompt": "", "multi_modal_data": {"image": img}}
+
+
+def test_reranker_scores_text_and_image_documents(reranker_dir):
+    llm = LLM(reranker_dir)
+    docs = [image_item(mm.picture(1)), "a small dog", image_item(mm.picture(2))]
+    outs = llm.score("a cat", docs, use_tqdm=False)
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    want = [mm.jina_reference(reranker_dir, "a cat", placeholder, [mm.picture(1)]),
+            mm.jina_reference(reranker_dir, "a cat", "a small dog"),
+            mm.jina_reference(reranker_dir, "a cat", placeholder, [mm.picture(2)])]
+    assert [o.outputs.score for o in outs] == pytest.approx(want, abs=1e-4)
+
+
+def test_a_document_image_shared_by_queries_is_computed_once(reranker_dir):
+    """The rerank shape: the template puts the document first, so its image's encoder
+    output and its blocks serve every query."""
+    llm = LLM(reranker_dir)
+    cache = llm.llm_engine.runner.model.model.encoder_cache
+    before = cache.misses
+    doc = image_item(mm.picture(6))
+    queries = ["a cat", "a dog on a mountain", "blue water"]
+    outs = llm.score(queries, [doc] * 3, use_tqdm=False)
+    assert cache.misses - before == 1
+    assert all(o.num_cached_tokens > 0 for o in outs[1:])
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    want = [mm.jina_reference(reranker_dir, q, placeholder, [mm.picture(6)]) for q in queries]
+    assert [o.outputs.score for o in outs] == pytest.approx(want, abs=1e-4)
+
+
+def test_rerank_route_takes_image_documents(reranker_dir):
+    from servers import _model_server
+    from test_server import _ok
+    server_gen = _model_server(reranker_dir)
+    server = next(server_gen)
+    try:
+        url = mm.data_url(mm.encoded(mm.picture(1)))
+        doc = {"content": [{"type": "image_url", "image_url": {"url": url}}]}
+        out = _ok(server.post("/rerank", {"query": "a cat", "documents": ["a small dog", doc]}))
+        got = {r["index"]: r["relevance_score"] for r in out["results"]}
+        placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+        assert got[0] == pytest.approx(mm.jina_reference(reranker_dir, "a cat", "a small dog"),
+                                       abs=1e-4)
+        assert got[1] == pytest.approx(mm.jina_reference(reranker_dir, "a cat", placeholder,
+                                                         [mm.picture(1)]), abs=1e-4)
+    finally:
+        next(server_gen, None)

@@ -113,6 +113,7 @@ class InputProcessor(SentenceTransformersPrompts):
         if text is None and prompt.get("prompt"):
             text = self._call(prompt["prompt"], None, None, None,
                               add_special_tokens=add_special_tokens)["input_ids"]
+        text = list(text or []) + list(prompt.get("suffix_ids", ()))
         ids, images = self._images.build(prompt, text)
         out = TokenizedPrompt(ids, images=images)
         self.check(out)
@@ -274,7 +275,10 @@ class InputProcessor(SentenceTransformersPrompts):
                 out = self._image_prompt(prompt, add_special_tokens)
                 out.cache_salt = salt
                 return out
-            if "prompt_token_ids" in prompt:
+            if "suffix_ids" in prompt:  # a scoring template's prompt, then the score token
+                prompt = list(self._call(prompt["prompt"], None, None, None)["input_ids"]) + \
+                    list(prompt["suffix_ids"])
+            elif "prompt_token_ids" in prompt:
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
@@ -364,6 +368,23 @@ class InputProcessor(SentenceTransformersPrompts):
             strategy = "only_second"
         enc = self._call(text_1, text_2, length, truncation_side, strategy)
         return self._prompt(enc["input_ids"], self._types(enc), k, cut)
+
+    def tokenize_score_pair(self, query: Any, document: Any,
+                            truncate_prompt_tokens: Optional[int] = None,
+                            truncation_side: Optional[str] = None,
+                            max_tokens_2: int = 0) -> TokenizedPrompt:
+        """A cross-encoder pair: through the model's scoring template where it has one (its
+        items texts or image prompts: jina-reranker-m0), else the tokenizer's pair form."""
+        from vllm.multimodal.vlm_inputs import SCORE_TEMPLATES, score_prompt
+        arch = self.mc.architecture
+        if arch in SCORE_TEMPLATES:
+            return self.tokenize_prompt(score_prompt(arch, query, document),
+                                        truncate_prompt_tokens, truncation_side=truncation_side)
+        if not (isinstance(query, str) and isinstance(document, str)):
+            raise ValueError(f"{arch} scores text pairs; image items are scored by embedding "
+                             "models (CLIP, SigLIP) and template rerankers (jina-reranker-m0).")
+        return self.tokenize_pair(query, document, truncate_prompt_tokens, truncation_side,
+                                  max_tokens_2)
 
     def _types(self, enc) -> Optional[list[int]]:
         if not self.mc.uses_token_type_ids or "token_type_ids" not in enc:

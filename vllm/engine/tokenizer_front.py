@@ -44,10 +44,11 @@ class TokenizerFront:
                              truncate_prompt_tokens: Optional[int] = None,
                              truncation_side: Optional[str] = None,
                              max_tokens_2: int = 0) -> list[Any]:
-        """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form."""
+        """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form (or the model's
+        scoring template, whose items may be image prompts)."""
         processor = self.processor
 
         def work() -> list[Any]:
-            return [processor.tokenize_pair(a, b, truncate_prompt_tokens, truncation_side,
-                                            max_tokens_2) for a, b in pairs]
+            return [processor.tokenize_score_pair(a, b, truncate_prompt_tokens, truncation_side,
+                                                  max_tokens_2) for a, b in pairs]
         return await self.run_in_tokenizer_thread(work)

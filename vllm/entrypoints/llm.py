@@ -136,11 +136,8 @@ class LLM:
         engine.verify_task("score")
         pairs = pair_texts(_texts(data_1), _texts(data_2))
         if engine.model_config.is_cross_encoder:
-            if not all(isinstance(t, str) for pair in pairs for t in pair):
-                raise ValueError("Image items are scored by embedding models (CLIP, SigLIP) "
-                                 "only; a cross-encoder scores text pairs.")
-            tokenized = [engine.processor.tokenize_pair(a, b, truncate_prompt_tokens,
-                                                        truncation_side) for a, b in pairs]
+            tokenized = [engine.processor.tokenize_score_pair(a, b, truncate_prompt_tokens,
+                                                              truncation_side) for a, b in pairs]
             outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
                                        use_tqdm, lora)
             return [ScoringRequestOutput.from_base(o) for o in outs]

@@ -60,3 +60,35 @@ def vlm_prompt(image_processor, hf_config, ids: list[int], images: list,
     inputs = ImageInputs(out["pixel_values"], hashes, grids=grids, spans=spans,
                          positions=mrope_positions(len(expanded), spans, grids, merge))
     return expanded, inputs
+
+
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+# Cross-encoders that score a pair through a prompt template (document first), and the ids
+# appended after it (the token the score head reads), as upstream serves them.
+SCORE_TEMPLATES = {
+    "JinaVLForRanking": ("**Document**:\n{document}\n**Query**:\n{query}", (100,)),
+    "JinaVLForSequenceClassification": ("**Document**:\n{document}\n**Query**:\n{query}",
+                                        (100,)),
+}
+
+
+def _part(item) -> tuple[str, list]:
+    """A score item's text in the template, and its images."""
+    if isinstance(item, str):
+        return item, []
+    data = item.get("multi_modal_data") or {}
+    images = data.get("image", [])
+    images = list(images) if isinstance(images, (list, tuple)) else [images]
+    return item.get("prompt", "") + IMAGE_PLACEHOLDER * len(images), images
+
+
+def score_prompt(architecture: str, query, document) -> dict:
+    """The prompt dict scoring (query, document) on a template cross-encoder; either item is
+    a text or an image prompt ({"prompt": "", "multi_modal_data": {"image": ...}})."""
+    template, suffix = SCORE_TEMPLATES[architecture]
+    (q_text, q_images), (d_text, d_images) = _part(query), _part(document)
+    prompt = {"prompt": template.format(document=d_text, query=q_text),
+              "suffix_ids": list(suffix)}
+    if d_images or q_images:
+        prompt["multi_modal_data"] = {"image": d_images + q_images}
+    return prompt

@@ -44,8 +44,9 @@ async def item_prompts(ctx: Any, items: Sequence[Any], field: str) -> list[Promp
     mc = ctx.model_config
     if not mc.is_multimodal:
         raise bad_request(f"{mc.architecture} scores texts only: send strings.", field)
-    if mc.is_cross_encoder:
-        raise bad_request("Multimodal items are scored by embedding models only.", field)
+    if mc.is_cross_encoder and not mc.is_causal:
+        raise bad_request("Multimodal items are scored by embedding models and "
+                          "vision-language rerankers only.", field)
     policy, limit = _media(ctx)
     return await _on_tokenizer_thread(
         ctx, lambda: [item_prompt(i, policy, limit, field) for i in items], field)

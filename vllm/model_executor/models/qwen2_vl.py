@@ -145,6 +145,16 @@ class Qwen2VLEmbeddingModel(DecoderModel):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]
 
+    @staticmethod
+    def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
+        """jina-reranker-m0's two-layer `score` MLP where the checkpoint has one, else the
+        usual linear `score` head."""
+        from vllm.model_executor.models.adapters import ScoreHead
+        hidden = config.text_config.hidden_size
+        if "score.0.weight" in names:
+            return MLPScoreHead(hidden, num_labels)
+        return ScoreHead(hidden, num_labels, bias="score.bias" in names)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, token_type_ids: Optional[torch.Tensor] = None,
                 images: Optional[list] = None) -> torch.Tensor:
@@ -214,6 +224,18 @@ class Qwen2VLEmbeddingModel(DecoderModel):
                         break
                 text.append((name, tensor))
         return loaded | super().load_weights(text)
+
+
+class MLPScoreHead(nn.Module):
+    """`score` = Linear(h, h), ReLU, Linear(h, labels) on the pooled state (jina-reranker-m0)."""
+
+    def __init__(self, hidden: int, num_labels: int) -> None:
+        super().__init__()
+        self.score = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(),
+                                   nn.Linear(hidden, num_labels))
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.score(pooled)
 
 
 def _patch_offsets(grids: list[tuple[int, int, int]], j: int) -> tuple[int, int]:

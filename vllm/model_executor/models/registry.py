@@ -64,6 +64,11 @@ _REGISTRY: dict[str, ModelEntry] = {
                               multimodal=True),
     "Qwen2VLForConditionalGeneration": ModelEntry("qwen2_vl", "Qwen2VLEmbeddingModel", "LAST",
                                                   "embed", True, multimodal=True),
+    # jina-reranker-m0: Qwen2-VL + an MLP score head (hf_overrides JinaVLForSequenceClassification)
+    "JinaVLForRanking": ModelEntry("qwen2_vl", "Qwen2VLEmbeddingModel", "LAST", "classify",
+                                   True, multimodal=True),
+    "JinaVLForSequenceClassification": ModelEntry("qwen2_vl", "Qwen2VLEmbeddingModel", "LAST",
+                                                  "classify", True, multimodal=True),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
