@@ -1,0 +1,100 @@
+"""What a model can be asked: its labels, its pooling tasks, the engine's one task.
+
+A mixin of `ModelConfig` (which supplies `hf_config`, `arch`, `convert`, `architecture`
+and `pooler_config`): upstream 0.32 runs one pooling task per engine, chosen from the
+tasks the model's pooler supports; the seed's `encode` (and `reward`) stay beside it.
+"""
+from __future__ import annotations
+
+
+class ModelTasks:
+    """Task facts derived from the resolved architecture and pooler config."""
+
+    @property
+    def num_labels(self) -> int:
+        tokens = getattr(self.hf_config, "classifier_from_token", None)
+        if tokens:
+            return 1 if getattr(self.hf_config, "is_original_qwen3_reranker", False) \
+                else len(tokens)
+        # As upstream: the reward layouts fix their width (Qwen2.5-Math-RM's config.json has
+        # no id2label, so transformers' default of 2 labels would not match its 1-wide head).
+        if self.architecture.endswith("ForProcessRewardModel"):
+            return 2
+        if self.architecture.endswith(("ForRewardModel", "ForRewardModeling")):
+            return 1
+        return int(getattr(self.hf_config, "num_labels", 1) or 1)
+
+    @property
+    def is_multi_vector(self) -> bool:
+        """One vector per token (ColBERT): served as token_embed, scored by MaxSim."""
+        return self.arch.base.multi_vector and self.convert == "embed"
+
+    @property
+    def is_token_classifier(self) -> bool:
+        """`*ForTokenClassification`: one label distribution per token (NER)."""
+        return self.architecture.endswith("ForTokenClassification") and \
+            self.convert == "classify"
+
+    @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        """Upstream's pooling tasks this model can run (its pooler's tasks)."""
+        if self.is_token_classifier:
+            return ("token_classify",)
+        if self.is_multi_vector:
+            return ("token_embed",)
+        return {"embed": ("embed", "token_embed"), "classify": ("classify", "token_classify"),
+                "reward": ("token_classify",)}[self.convert] + self.arch.base.extra_tasks
+
+    @property
+    def pooling_task(self) -> str:
+        """The one upstream pooling task this engine runs: `PoolerConfig.task` when set,
+        else `token_classify` for a token classifier, else the first the model supports
+        in upstream's order (embed, classify, token_embed, token_classify)."""
+        tasks = self.pooling_tasks
+        chosen = self.pooler_config.task
+        if chosen is not None:
+            if chosen not in tasks:
+                raise ValueError(f"Unsupported task: {chosen!r} Supported tasks: {tasks}")
+            return chosen
+        for task in ("embed", "classify", "token_embed", "token_classify"):
+            if task in tasks:
+                return task
+        raise AssertionError(tasks)
+
+    @property
+    def scores(self) -> bool:
+        """Whether /score and /rerank are served: as upstream, under embed / token_embed
+        (cosine / MaxSim) and under classify with one label (a cross-encoder)."""
+        task = self.pooling_task
+        return task in ("embed", "token_embed") or (task == "classify" and
+                                                    self.num_labels == 1)
+
+    @property
+    def late_interaction(self) -> bool:
+        """Scores are MaxSim of token vectors (an engine running token_embed, as ColBERT)."""
+        return self.pooling_task == "token_embed"
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        """Every task this engine accepts: the seed's `encode` (and `reward` on reward
+        models), the engine's pooling task, and `score` where scoring is served."""
+        tasks = ("encode", self.pooling_task)
+        if self.convert == "reward":
+            tasks += ("reward",)
+        return tasks + (("score",) if self.scores else ())
+
+    @property
+    def encode_task(self) -> str:
+        """The task of `LLM.encode()` and `POST /pooling` when none is named: the seed's
+        `encode` (raw pooled states), except on a token classifier or an engine started
+        with `PoolerConfig(task=...)` for a token task, which runs that task."""
+        if self.is_token_classifier or self.pooler_config.task in ("token_embed",
+                                                                    "token_classify"):
+            return self.pooling_task
+        return "encode"
+
+    @property
+    def gate_pooling_type(self) -> str:
+        """The pooling the gate judges: a token task reads every token (as ALL)."""
+        return "ALL" if self.pooling_task in ("token_embed", "token_classify") \
+            else self.pooler_config.pooling_type
