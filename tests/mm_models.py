@@ -128,6 +128,13 @@ def _unit(x) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- Qwen2-VL
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+# Qwen2-VL's chat template, reduced to what the tests use (roles, text and image parts).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif c['type'] == 'text' %}{{ c['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _qwen2_vl_tokenizer(path: pathlib.Path) -> dict[str, int]:
@@ -137,6 +144,7 @@ def _qwen2_vl_tokenizer(path: pathlib.Path) -> dict[str, int]:
     save_bpe_tokenizer(path)
     tok = AutoTokenizer.from_pretrained(str(path))
     tok.add_tokens(VISION_TOKENS, special_tokens=True)
+    tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(path))
     return {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
 

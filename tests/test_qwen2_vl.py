@@ -147,3 +147,26 @@ def test_rerank_route_takes_image_documents(reranker_dir):
                                                          [mm.picture(1)]), abs=1e-4)
     finally:
         next(server_gen, None)
+
+
+def test_embeddings_messages_use_the_chat_template(qwen2_vl_dir):
+    from servers import _model_server
+    from test_server import _ok
+    server_gen = _model_server(qwen2_vl_dir)
+    server = next(server_gen)
+    try:
+        url = mm.data_url(mm.encoded(mm.picture(1)))
+        messages = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a cat"}]}]
+        out = _ok(server.post("/v1/embeddings", {"messages": messages,
+                                                 "add_generation_prompt": True}))
+        text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>a cat<|im_end|>\n" \
+            "<|im_start|>assistant\n"
+        ref = torch.nn.functional.normalize(
+            mm.hf_vlm_last_hidden(qwen2_vl_dir, text, [mm.picture(1)]), dim=0)
+        got = torch.as_tensor(out["data"][0]["embedding"])
+        assert float(torch.nn.functional.cosine_similarity(got, ref, dim=0)) >= 0.9999
+        assert out["usage"]["prompt_tokens"] == len(mm.hf_tokenizer(qwen2_vl_dir)(text)[
+            "input_ids"]) - 1 + 30
+    finally:
+        next(server_gen, None)

@@ -72,6 +72,29 @@ def parts_prompt(parts: list[dict], policy: MediaPolicy, limit: int,
                                                else images}}
 
 
+def chat_prompt(messages: Any, tokenizer: Any, policy: MediaPolicy, limit: int,
+                add_generation_prompt: bool = False, field: str = "messages") -> Prompt:
+    """A vision-language model's `messages` through its tokenizer's chat template (image
+    parts rendered as the template's image placeholder), with the images in order."""
+    parts = message_parts(messages, field)
+    urls = [_url(p, field) for p in parts if p["type"] == "image_url"]
+    if len(urls) > limit:
+        raise MediaError(f"At most {limit} image(s) may be provided in one prompt "
+                         f"(--limit-mm-per-prompt); got {len(urls)}.", field)
+    if not getattr(tokenizer, "chat_template", None):
+        raise MediaError("The model's tokenizer has no chat template to render `messages`; "
+                         "send `input` instead.", field)
+    conversation = [{"role": m.get("role", "user"), "content": m["content"] if isinstance(
+        m["content"], str) else [{"type": "image"} if p["type"] == "image_url" else p
+                                 for p in _parts(m["content"], field)]} for m in messages]
+    text = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+    if not urls:
+        return text
+    return {"prompt": text, "multi_modal_data": {
+        "image": [policy.load_image(u, field) for u in urls]}}
+
+
 def item_prompt(item: Any, policy: MediaPolicy, limit: int, field: str) -> Prompt:
     """A score/rerank item: a string, or `{"content": [parts]}`."""
     if isinstance(item, str):

@@ -108,6 +108,7 @@ class EmbeddingRequest(EngineRequest):
     model: Optional[Text] = None
     input: Optional[PromptInput] = None
     messages: Optional[list[Any]] = None
+    add_generation_prompt: bool = False  # with `messages` on a vision-language model
     encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
     endianness: Literal["native", "big", "little"] = "native"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from vllm.entrypoints.chat_inputs import Prompt, item_prompt, message_parts, parts_prompt
+from vllm.entrypoints.chat_inputs import (Prompt, chat_prompt, item_prompt, message_parts,
+                                          parts_prompt)
 from vllm.entrypoints.openai.errors import bad_request
 
 
@@ -24,14 +25,22 @@ def _media(ctx: Any) -> tuple[Any, int]:
     return mc.media_policy, mc.mm_limit("image")
 
 
-async def message_prompts(ctx: Any, messages: list[Any]) -> list[Prompt]:
-    """`messages` as one engine prompt (multimodal models; text models need `input`)."""
+async def message_prompts(ctx: Any, messages: list[Any],
+                          add_generation_prompt: bool = False) -> list[Prompt]:
+    """`messages` as one engine prompt (multimodal models; text models need `input`): a
+    vision-language model renders them with its chat template, a dual encoder takes text
+    parts or one image."""
     mc = ctx.model_config
     if not mc.is_multimodal:
-        raise bad_request(f"`messages` is served for multimodal models (CLIP, SigLIP); "
+        raise bad_request(f"`messages` is served for multimodal models (CLIP, SigLIP, "
+                          f"Qwen2-VL); "
                           f"{mc.architecture} applies no chat template here: send `input`.",
                           "messages")
     policy, limit = _media(ctx)
+    if mc.is_causal:
+        tokenizer = ctx.engine.processor.tokenizer
+        return [await _on_tokenizer_thread(ctx, lambda: chat_prompt(
+            messages, tokenizer, policy, limit, add_generation_prompt), "messages")]
     prompt = await _on_tokenizer_thread(
         ctx, lambda: parts_prompt(message_parts(messages), policy, limit), "messages")
     return [prompt]

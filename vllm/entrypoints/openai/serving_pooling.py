@@ -53,7 +53,7 @@ class ServingPooling:
             task = ctx.model_config.encode_task
         params = ctx.make_params(task, **param_fields)
         raw_inputs = ctx.input_prompts(body.input) if getattr(body, "messages", None) is None \
-            else await message_prompts(ctx, body.messages)
+            else await message_prompts(ctx, body.messages, body.add_generation_prompt)
         inputs = self._with_prompt(body, raw_inputs, task)
         prompts = await ctx.tokenize(inputs, body.truncate_prompt_tokens,
                                      body.add_special_tokens,
