@@ -48,6 +48,17 @@ class LoRAManager:
         self._known: dict[str, LoRARequest] = {}  # key -> request, to reload evicted ones
         self._slots = itertools.count(1)
 
+    @classmethod
+    def for_runner(cls, vllm_config, model: nn.Module, pooler, device) -> "LoRAManager":
+        """The manager of a model runner's model; per-adapter heads replace the pooler's
+        head (ALL/STEP pooling runs the head once per request)."""
+        mc = vllm_config.model_config
+        manager = cls(model, vllm_config.lora_config, device, mc.dtype,
+                      mc.pooler_config.pooling_type in ("ALL", "STEP"))
+        if manager.heads is not None:
+            pooler.head = manager.heads
+        return manager
+
     # ----- adapters --------------------------------------------------------------------
     def add(self, request: LoRARequest) -> str:
         """Load `request`'s adapter unless its id is loaded from the same path
@@ -137,15 +148,16 @@ class LoRAManager:
         return adapter.slot
 
     # ----- one step --------------------------------------------------------------------
-    def begin_step(self, keys: list[Optional[str]], starts: list[int],
-                   pooled_rows: Optional[torch.Tensor], finishing: list[int]) -> None:
-        """`keys[i]`: scheduled request i's adapter key (None = base), its flat rows
-        starts[i]:starts[i+1]; `pooled_rows`: rows the last layer keeps; `finishing`: the
-        indices of the requests pooled in this step, in pooling order."""
+    def begin_step(self, scheduled: list, meta) -> None:
+        """This step's rows per adapter, from the scheduled requests in their flat layout
+        (`meta.query_start_loc`) and the rows the last layer keeps (`meta.output_rows`);
+        the requests that finish are pooled in layout order."""
+        keys = [s.request.lora_key for s in scheduled]
         slots = [self._slot_of(k) for k in keys]
         self._trim({int(k.split(":", 1)[0]) for k in keys if k is not None})
-        rows = None if pooled_rows is None else pooled_rows.tolist()
-        self.step.set(slots, starts, rows, [slots[i] for i in finishing], self.device)
+        rows = None if meta.output_rows is None else meta.output_rows.tolist()
+        pooled = [slot for slot, s in zip(slots, scheduled) if s.finishes]
+        self.step.set(slots, meta.query_start_loc, rows, pooled, self.device)
 
     def end_step(self) -> None:
         self.step.clear()

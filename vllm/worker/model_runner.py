@@ -144,24 +144,16 @@ class ModelRunner:
         return self.tracker.key(len(prompt.prompt_token_ids), prompt.prompt_len)
 
     def _lora_manager(self):
-        """The LoRA adapters (enable_lora): their per-adapter heads replace the pooler's."""
-        lc = self.config.lora_config
-        if lc is None:
+        """The LoRA adapters (enable_lora), their heads in the pooler; else None."""
+        if self.config.lora_config is None:
             return None
         from vllm.lora.manager import LoRAManager
-        mc = self.config.model_config
-        manager = LoRAManager(self.model, lc, self.device, mc.dtype,
-                              mc.pooler_config.pooling_type in ("ALL", "STEP"))
-        if manager.heads is not None:
-            self.pooler.head = manager.heads
-        return manager
+        return LoRAManager.for_runner(self.config, self.model, self.pooler, self.device)
 
     def _begin_lora(self, out: SchedulerOutput, meta: AttentionMetadata) -> None:
         """This step's rows per adapter, for every LoRA projection and head."""
         if self.lora is not None:
-            self.lora.begin_step([s.request.lora_key for s in out.scheduled],
-                                 meta.query_start_loc, meta.output_rows,
-                                 [i for i, s in enumerate(out.scheduled) if s.finishes])
+            self.lora.begin_step(out.scheduled, meta)
 
     # ----- one step -------------------------------------------------------------------
     @torch.inference_mode()
