@@ -175,3 +175,19 @@ def test_rank_and_alpha_patterns_follow_peft(qwen3_embed_dir, tmp_path):
     peft = _pooled(lf.run(lf.peft_model(qwen3_embed_dir, path, "base"), out.prompt_token_ids),
                    "LAST")
     assert mf.max_abs_diff(out.outputs.embedding, peft) <= ATOL
+
+
+def test_embedding_score_and_encode_take_the_adapter(qwen3_embed_dir, tmp_path):
+    """score on an embedding model: the cosine of the two embeddings under the adapter;
+    encode('embed') under the adapter equals embed."""
+    (a,) = _adapters(qwen3_embed_dir, tmp_path, "base", DECODER, n=1)
+    llm = LLM(qwen3_embed_dir, enable_lora=True, max_lora_rank=8)
+    q, docs = "which city is large", ["paris london", "water is blue"]
+    vecs = llm.embed([q] + docs, lora_request=a, use_tqdm=False)
+    base = llm.score(q, docs, use_tqdm=False)
+    for i, out in enumerate(llm.score(q, docs, lora_request=a, use_tqdm=False)):
+        want = mf.cosine(vecs[0].outputs.embedding, vecs[i + 1].outputs.embedding)
+        assert out.outputs.score == pytest.approx(want, abs=1e-5)
+        assert abs(out.outputs.score - base[i].outputs.score) > 1e-4
+    enc = llm.encode([q], pooling_task="embed", lora_request=[a], use_tqdm=False)[0]
+    assert mf.max_abs_diff(enc.outputs.data, vecs[0].outputs.embedding) <= 1e-6

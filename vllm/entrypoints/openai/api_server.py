@@ -98,6 +98,9 @@ def _add_loras(app: FastAPI, ctx: ServingContext, async_llm: Any, args: Any) -> 
         raise ValueError("--lora-modules needs --enable-lora.")
     if not (modules or runtime or getattr(args, "enable_lora", False)):
         return
+    if async_llm is not None and not hasattr(async_llm, "check_lora"):
+        raise ValueError("LoRA adapters are not supported with data parallel replicas "
+                         "(--data-parallel-size > 1); serve them from one engine.")
     ctx.loras = serving_lora.LoRARegistry(ctx.served_model_names)
     if async_llm is not None:
         serving_lora.load_static(ctx.loras, async_llm, modules)

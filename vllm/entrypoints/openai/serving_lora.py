@@ -94,9 +94,6 @@ def check(engine: Any, request: LoRARequest) -> None:
     """The engine's checks of an adapter, as a 400 naming what is wrong."""
     try:
         engine.check_lora(request)
-    except AttributeError:
-        raise APIError(400, "LoRA adapters are not supported with data parallel "
-                       "replicas.") from None
     except (ValueError, OSError) as exc:
         raise APIError(400, f"LoRA adapter '{request.lora_name}' could not be loaded: "
                        f"{exc}") from exc
