@@ -7,6 +7,7 @@ import io
 import pathlib
 import struct
 import zlib
+from typing import Optional
 
 import torch
 from PIL import Image, ImageDraw
@@ -149,9 +150,11 @@ def _qwen2_vl_tokenizer(path: pathlib.Path) -> dict[str, int]:
     return {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
 
 
-def make_qwen2_vl(path, seed: int = SEED + 22) -> pathlib.Path:
+def make_qwen2_vl(path, seed: int = SEED + 22, text: Optional[dict] = None,
+                  vision: Optional[dict] = None, pixels: Optional[dict] = None) -> pathlib.Path:
     """Qwen2VLForConditionalGeneration: a 2-layer decoder (hidden 64, head 16, M-RoPE
-    sections 2/3/3), a 2-block vision tower (patch 4, merge 2), the slow image processor."""
+    sections 2/3/3), a 2-block vision tower (patch 4, merge 2), the slow image processor;
+    `text` / `vision` / `pixels` override config and image-processor sizes (benchmarks)."""
     from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration,
                               Qwen2VLImageProcessor)
     path = _fresh(path)
@@ -162,16 +165,17 @@ def make_qwen2_vl(path, seed: int = SEED + 22) -> pathlib.Path:
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=512, rms_norm_eps=1e-6,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [2, 3, 3]}),
+                                          "mrope_section": [2, 3, 3]}) | (text or {}),
         vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, patch_size=4,
-                           spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2),
+                           spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)
+        | (vision or {}),
         image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"], bos_token_id=None, eos_token_id=None)
     model = Qwen2VLForConditionalGeneration(config)
     _perturb(model)
     _save(model, path)
-    Qwen2VLImageProcessor(patch_size=4, merge_size=2, temporal_patch_size=2,
-                          min_pixels=8 * 8, max_pixels=64 * 64).save_pretrained(str(path))
+    sizes = dict(patch_size=4, min_pixels=8 * 8, max_pixels=64 * 64) | (pixels or {})
+    Qwen2VLImageProcessor(merge_size=2, temporal_patch_size=2, **sizes).save_pretrained(str(path))
     return path
 
 
@@ -188,7 +192,7 @@ def vlm_text(text: str, images: int = 1, before: str = "") -> str:
         "<|endoftext|>"
 
 
-def make_jina_reranker(path, src) -> pathlib.Path:
+def make_jina_reranker(path, src, hidden: int = 64) -> pathlib.Path:
     """jina-reranker-m0's layout on the tiny Qwen2-VL `src`: JinaVLForRanking, one label,
     a seeded `score` MLP (score.0: h -> h, score.2: h -> 1) beside the backbone."""
     import json
@@ -199,8 +203,8 @@ def make_jina_reranker(path, src) -> pathlib.Path:
     shutil.copytree(src, path)
     weights = load_file(str(path / "model.safetensors"))
     gen = torch.Generator().manual_seed(SEED + 23)
-    for name, shape in (("score.0.weight", (64, 64)), ("score.0.bias", (64,)),
-                        ("score.2.weight", (1, 64)), ("score.2.bias", (1,))):
+    for name, shape in (("score.0.weight", (hidden, hidden)), ("score.0.bias", (hidden,)),
+                        ("score.2.weight", (1, hidden)), ("score.2.bias", (1,))):
         weights[name] = torch.randn(shape, generator=gen) * 0.3
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())

@@ -9,6 +9,7 @@ different images apart wherever prompts are compared (deduplication, later the c
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -18,6 +19,7 @@ from vllm.multimodal.image import as_rgb, image_hash
 
 # The id every image position carries (the vision tower never reads it).
 PLACEHOLDER_ID = 0
+_PROCESSED_CACHE = 32  # processed images kept per processor
 
 
 @dataclass
@@ -61,6 +63,23 @@ class ImagePrompts:
         self.mc = model_config
         self.tokenizer = tokenizer
         self.limit = model_config.mm_limit("image")
+        # processed images by content hash: a document image behind many queries (the
+        # rerank shape) is resized and normalised once
+        self._processed: OrderedDict[str, tuple[torch.Tensor, Optional[tuple]]] = OrderedDict()
+
+    def process(self, image, key: str) -> tuple[torch.Tensor, Optional[tuple[int, int, int]]]:
+        """(pixel values, patch grid or None) of one image, by its content hash `key`."""
+        hit = self._processed.get(key)
+        if hit is not None:
+            self._processed.move_to_end(key)
+            return hit
+        out = self.image_processor(images=[image], return_tensors="pt")
+        grid = out.get("image_grid_thw")
+        hit = (out["pixel_values"], None if grid is None else tuple(int(v) for v in grid[0]))
+        self._processed[key] = hit
+        if len(self._processed) > _PROCESSED_CACHE:
+            self._processed.popitem(last=False)
+        return hit
 
     @functools.cached_property
     def image_processor(self):
@@ -85,14 +104,15 @@ class ImagePrompts:
         if not images:
             raise ValueError("multi_modal_data holds no image.")
         self.check_count(len(images))
+        hashes = [image_hash(img) for img in images]
+        processed = [self.process(img, key) for img, key in zip(images, hashes)]
         if self.mc.is_causal:  # a vision-language model: text and images together
             from vllm.multimodal.vlm_inputs import vlm_prompt
-            return vlm_prompt(self.image_processor, self.mc.hf_config, list(text_ids or []),
-                              images, [image_hash(img) for img in images])
+            return vlm_prompt(self.mc.hf_config, list(text_ids or []), processed, hashes)
         special = set(self.tokenizer.all_special_ids)
         if text_ids and not all(t in special for t in text_ids):
             raise ValueError(f"{self.mc.architecture} takes text-only or image-only prompts, "
                              "not both: pass the image with an empty prompt (\"prompt\": \"\").")
-        pixels = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+        pixels = torch.cat([p for p, _ in processed])
         ids = [PLACEHOLDER_ID] * (placeholder_len(self.mc.hf_config) * len(images))
-        return ids, ImageInputs(pixels, [image_hash(img) for img in images])
+        return ids, ImageInputs(pixels, hashes)

@@ -48,16 +48,16 @@ def mrope_positions(length: int, spans: list[tuple[int, int]], grids: list[tuple
     return torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
 
 
-def vlm_prompt(image_processor, hf_config, ids: list[int], images: list,
+def vlm_prompt(hf_config, ids: list[int], processed: list[tuple[torch.Tensor, tuple]],
                hashes: list[str]) -> tuple[list[int], "object"]:
-    """(expanded ids, ImageInputs) of a Qwen2-VL prompt with its images."""
+    """(expanded ids, ImageInputs) of a Qwen2-VL prompt with its processed images
+    ((patches, grid) each)."""
     from vllm.multimodal.inputs import ImageInputs
     merge = hf_config.vision_config.spatial_merge_size
-    out = image_processor(images=images, return_tensors="pt")
-    grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+    grids = [grid for _, grid in processed]
     sizes = [t * h * w // (merge * merge) for t, h, w in grids]
     expanded, spans = expand_pads(ids, hf_config.image_token_id, sizes)
-    inputs = ImageInputs(out["pixel_values"], hashes, grids=grids, spans=spans,
+    inputs = ImageInputs(torch.cat([p for p, _ in processed]), hashes, grids=grids, spans=spans,
                          positions=mrope_positions(len(expanded), spans, grids, merge))
     return expanded, inputs
 
