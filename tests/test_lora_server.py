@@ -103,8 +103,13 @@ def test_runtime_load_and_unload(lora_engine, qwen3_embed_dir, adapters, monkeyp
         assert _check_embedding(server, qwen3_embed_dir, "ad-c", adapters["a"]) != c
         big = server.post("/v1/load_lora_adapter", {"lora_name": "ad-big",
                                                     "lora_path": adapters["big"]})
-        assert big.status_code == 400
-        assert "LoRA rank 16 is greater than max_lora_rank 8." in big.json()["error"]["message"]
+        assert big.status_code == 500  # upstream's answer to an adapter its engine refuses
+        assert big.json()["error"]["message"] == "LoRA rank 16 is greater than max_lora_rank 8."
+        missing = server.post("/v1/load_lora_adapter", {"lora_name": "ad-x",
+                                                        "lora_path": "/nowhere/x"})
+        assert missing.status_code == 404
+        assert missing.json()["error"]["message"] == \
+            "Loading lora ad-x failed: No adapter found for /nowhere/x"
         assert server.post("/v1/load_lora_adapter", {"lora_name": BASE, "lora_path":
                                                      adapters["a"]}).status_code == 400
         resp = server.post("/v1/unload_lora_adapter", {"lora_name": "ad-c"})

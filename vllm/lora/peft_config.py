@@ -18,6 +18,10 @@ HEAD_MODULES = ("classifier", "score")
 _PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
 
 
+class AdapterNotFoundError(ValueError):
+    """The adapter directory has no adapter_config.json or adapter weights."""
+
+
 @dataclass
 class PeftConfig:
     r: int
@@ -34,7 +38,8 @@ class PeftConfig:
         """Read `path/adapter_config.json` (a ValueError naming what is missing)."""
         file = Path(path) / "adapter_config.json"
         if not file.is_file():
-            raise ValueError(f"No adapter_config.json in LoRA adapter directory {path!r}.")
+            raise AdapterNotFoundError(f"No adapter_config.json in LoRA adapter directory "
+                                       f"{path!r}.")
         raw = json.loads(file.read_text())
         missing = [k for k in ("r", "lora_alpha") if k not in raw]
         if missing:
@@ -107,7 +112,8 @@ def load_tensors(path: str) -> dict:
         return load_file(str(folder / "adapter_model.safetensors"))
     if (folder / "adapter_model.bin").is_file():
         return torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
-    raise ValueError(f"No adapter_model.safetensors in LoRA adapter directory {path!r}.")
+    raise AdapterNotFoundError(f"No adapter_model.safetensors in LoRA adapter directory "
+                               f"{path!r}.")
 
 
 def content_digest(path: str) -> Optional[str]:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from vllm.entrypoints.openai.errors import APIError
 from vllm.entrypoints.openai.lora_args import LoRAModulePath
 from vllm.logger import init_logger
+from vllm.lora.peft_config import AdapterNotFoundError
 from vllm.lora.request import LoRARequest
 
 logger = init_logger(__name__)
@@ -48,8 +49,8 @@ class LoRARegistry:
 
     def load(self, engine: Any, name: str, path: str, load_inplace: bool = False,
              base_model_name: Optional[str] = None) -> LoRARequest:
-        """Check the adapter with the engine and serve it under `name`; APIError (400)
-        for a name that is taken or an adapter the engine refuses."""
+        """Check the adapter with the engine and serve it under `name`; APIError for a
+        name that is taken (400) or an adapter the engine refuses (see `check`)."""
         request = self.prepare(name, path, load_inplace, base_model_name)
         check(engine, request)
         return self.commit(request)
@@ -91,12 +92,15 @@ class LoRARegistry:
 
 
 def check(engine: Any, request: LoRARequest) -> None:
-    """The engine's checks of an adapter, as a 400 naming what is wrong."""
+    """The engine's checks of an adapter, answered as upstream answers a failed load: 404
+    when the directory holds no adapter, else 500 with the engine's reason."""
     try:
         engine.check_lora(request)
+    except AdapterNotFoundError as exc:
+        raise APIError(404, f"Loading lora {request.lora_name} failed: No adapter found "
+                       f"for {request.lora_path}") from exc
     except (ValueError, OSError) as exc:
-        raise APIError(400, f"LoRA adapter '{request.lora_name}' could not be loaded: "
-                       f"{exc}") from exc
+        raise APIError(500, str(exc)) from exc
 
 
 def load_static(registry: LoRARegistry, engine: Any, modules: list[LoRAModulePath]) -> None:
