@@ -191,3 +191,22 @@ def test_embedding_score_and_encode_take_the_adapter(qwen3_embed_dir, tmp_path):
         assert abs(out.outputs.score - base[i].outputs.score) > 1e-4
     enc = llm.encode([q], pooling_task="embed", lora_request=[a], use_tqdm=False)[0]
     assert mf.max_abs_diff(enc.outputs.data, vecs[0].outputs.embedding) <= 1e-6
+
+
+def test_an_id_reloaded_in_place_keeps_earlier_requests_on_their_weights(qwen3_embed_dir,
+                                                                          tmp_path):
+    """Id 1 from adapter A, then (same call, same step) id 1 reloaded in place from B:
+    each prompt runs the weights it was queued under; then id 1 serves B."""
+    a, b = _adapters(qwen3_embed_dir, tmp_path, "base", DECODER, n=2)
+    first = LoRARequest("t", 1, a.lora_path)
+    second = LoRARequest("t", 1, b.lora_path, load_inplace=True)
+    llm = LLM(qwen3_embed_dir, enable_lora=True, max_loras=2, max_lora_rank=8)
+    outs = llm.embed(["hello world", "hello world"], lora_request=[first, second],
+                     use_tqdm=False)
+    for out, lora in zip(outs, (a, b)):
+        ref = _references(qwen3_embed_dir, lora, "base", out.prompt_token_ids, "LAST")[0]
+        assert mf.max_abs_diff(out.outputs.embedding, ref) <= ATOL
+    later = llm.embed(["hello world"], lora_request=LoRARequest("t", 1, b.lora_path),
+                      use_tqdm=False)[0]
+    assert mf.max_abs_diff(later.outputs.embedding, outs[1].outputs.embedding) == 0
+    assert llm.llm_engine.remove_lora(1) and llm.llm_engine.list_loras() == set()

@@ -44,7 +44,8 @@ class LoRAManager:
         self.step = StepRows()
         self.heads = AdapterHeads(model.head, self.step, per_request_head) \
             if model.head is not None else None
-        self._loaded: OrderedDict[int, LoadedAdapter] = OrderedDict()  # LRU first
+        self._loaded: OrderedDict[str, LoadedAdapter] = OrderedDict()  # by key, LRU first
+        self._latest: dict[int, str] = {}  # id -> the key of its latest load
         self._known: dict[str, LoRARequest] = {}  # key -> request, to reload evicted ones
         self._slots = itertools.count(1)
 
@@ -62,30 +63,34 @@ class LoRAManager:
     # ----- adapters --------------------------------------------------------------------
     def add(self, request: LoRARequest) -> str:
         """Load `request`'s adapter unless its id is loaded from the same path
-        (`load_inplace`: reload anyway); returns its key. Raises ValueError for an adapter this engine refuses."""
-        loaded = self._loaded.get(request.lora_int_id)
-        if loaded is not None and not request.load_inplace and \
-                loaded.request.lora_path == request.lora_path:
-            self._loaded.move_to_end(request.lora_int_id)
-            return loaded.key
+        (`load_inplace`: reload anyway); returns its key. Raises ValueError for an
+        adapter this engine refuses. A reload under the same id is a new key: requests
+        still queued under the old weights keep them."""
+        current = self._loaded.get(self._latest.get(request.lora_int_id, ""))
+        if current is not None and not request.load_inplace and \
+                current.request.lora_path == request.lora_path:
+            self._loaded.move_to_end(current.key)
+            return current.key
         adapter = self._load(request)
-        if loaded is not None:
-            self._detach(loaded)
-        self._loaded[request.lora_int_id] = adapter
+        same = self._loaded.pop(adapter.key, None)
+        if same is not None:  # the same files again
+            self._detach(same)
+        self._loaded[adapter.key] = adapter
+        self._latest[request.lora_int_id] = adapter.key
         self._known[adapter.key] = request
-        self._trim({request.lora_int_id})
+        self._trim({adapter.key})
         return adapter.key
 
     def remove(self, lora_int_id: int) -> bool:
-        """Unload an adapter; False if it was not loaded."""
-        adapter = self._loaded.pop(lora_int_id, None)
-        if adapter is None:
-            return False
-        self._detach(adapter)
-        return True
+        """Unload an adapter (every version of its id); False if it was not loaded."""
+        self._latest.pop(lora_int_id, None)
+        keys = [k for k in self._loaded if _id_of(k) == lora_int_id]
+        for key in keys:
+            self._detach(self._loaded.pop(key))
+        return bool(keys)
 
     def loaded_ids(self) -> set[int]:
-        return set(self._loaded)
+        return {_id_of(k) for k in self._loaded}
 
     def check(self, request: LoRARequest) -> None:
         """Every check `add` makes (config, tensors, shapes), without loading anything:
@@ -125,26 +130,27 @@ class LoRAManager:
         if self.heads is not None:
             self.heads.heads.pop(adapter.slot, None)
 
-    def _trim(self, keep: set[int]) -> None:
+    def _trim(self, keep: set[str]) -> None:
         """Drop least recently used adapters beyond max_cpu_loras (never those in `keep`)."""
-        for lora_id in list(self._loaded):
+        for key in list(self._loaded):
             if len(self._loaded) <= self.config.max_cpu_loras:
                 return
-            if lora_id not in keep:
-                self._detach(self._loaded.pop(lora_id))
+            if key not in keep:
+                self._detach(self._loaded.pop(key))
 
     def _slot_of(self, key: Optional[str]) -> int:
         if key is None:
             return 0
-        lora_id = int(key.split(":", 1)[0])
-        adapter = self._loaded.get(lora_id)
-        if adapter is None or adapter.key != key:
+        adapter = self._loaded.get(key)
+        if adapter is None:  # dropped by the LRU: load it again
             request = self._known[key]
-            self._loaded[lora_id] = adapter = self._load(request)
+            adapter = self._load(request)
             if adapter.key != key:
+                self._detach(adapter)
                 raise ValueError(f"LoRA adapter {request.lora_name!r} changed on disk "
                                  f"({request.lora_path}) since it was first loaded.")
-        self._loaded.move_to_end(lora_id)
+            self._loaded[key] = adapter
+        self._loaded.move_to_end(key)
         return adapter.slot
 
     # ----- one step --------------------------------------------------------------------
@@ -154,10 +160,14 @@ class LoRAManager:
         the requests that finish are pooled in layout order."""
         keys = [s.request.lora_key for s in scheduled]
         slots = [self._slot_of(k) for k in keys]
-        self._trim({int(k.split(":", 1)[0]) for k in keys if k is not None})
+        self._trim({k for k in keys if k is not None})
         rows = None if meta.output_rows is None else meta.output_rows.tolist()
         pooled = [slot for slot, s in zip(slots, scheduled) if s.finishes]
         self.step.set(slots, meta.query_start_loc, rows, pooled, self.device)
 
     def end_step(self) -> None:
         self.step.clear()
+
+
+def _id_of(key: str) -> int:
+    return int(key.split(":", 1)[0])
