@@ -210,3 +210,23 @@ def test_an_id_reloaded_in_place_keeps_earlier_requests_on_their_weights(qwen3_e
                       use_tqdm=False)[0]
     assert mf.max_abs_diff(later.outputs.embedding, outs[1].outputs.embedding) == 0
     assert llm.llm_engine.remove_lora(1) and llm.llm_engine.list_loras() == set()
+
+
+def test_mean_pooling_with_caching_asked_for_under_adapters(qwen3_embed_dir, tmp_path):
+    """A causal model with MEAN pooling and prefix caching + chunked prefill asked for
+    (the pooler's payload cached with the blocks) under adapters: exact, and a repeat
+    under the same adapter reads the cache."""
+    a, b = _adapters(qwen3_embed_dir, tmp_path, "base", DECODER, n=2)
+    llm = LLM(qwen3_embed_dir, enable_lora=True, max_loras=2, max_lora_rank=8,
+              override_pooler_config={"pooling_type": "MEAN"}, enable_prefix_caching=True,
+              enable_chunked_prefill=True, max_num_batched_tokens=32)
+    prompts = mf.mixed_prompts(mf.hf_tokenizer(qwen3_embed_dir), lengths=(70, 9, 50))
+    for _ in range(2):
+        outs = llm.embed(prompts, lora_request=[a, None, b], use_tqdm=False)
+        for out, lora in zip(outs, (a, None, b)):
+            model = lf.peft_model(qwen3_embed_dir, lora.lora_path, "base") if lora else \
+                lf._load(qwen3_embed_dir, "base")
+            ref = torch.nn.functional.normalize(lf.run(model, out.prompt_token_ids).mean(0),
+                                                dim=-1)
+            assert mf.max_abs_diff(out.outputs.embedding, ref) <= ATOL
+    assert outs[0].num_cached_tokens >= 64
