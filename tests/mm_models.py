@@ -61,6 +61,25 @@ def make_siglip(path, seed: int = SEED + 21) -> pathlib.Path:
     return path
 
 
+def make_siglip2(path, seed: int = SEED + 24) -> pathlib.Path:
+    """Siglip2Model: SigLIP's tiny towers, the vision one at native aspect ratio (a 4x4
+    position grid resized per image, at most 16 patches of 8x8)."""
+    from transformers import (Siglip2Config, Siglip2ImageProcessor, Siglip2Model,
+                              Siglip2TextConfig, Siglip2VisionConfig)
+    path = _fresh(path)
+    torch.manual_seed(seed)
+    text, vision = _towers(Siglip2TextConfig, Siglip2VisionConfig)
+    vision_dict = vision.to_dict()
+    vision_dict.pop("image_size", None)
+    vision_dict["num_patches"] = 16
+    model = Siglip2Model(Siglip2Config(text_config=text.to_dict(), vision_config=vision_dict))
+    _perturb(model)
+    _save(model, path)
+    save_bert_tokenizer(path, model_input_names=["input_ids", "attention_mask"])
+    Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(str(path))
+    return path
+
+
 # --------------------------------------------------------------------------- images
 def picture(seed: int, size: tuple[int, int] = (48, 40)) -> Image.Image:
     """A seeded RGB picture: a background and a few shapes."""
@@ -111,8 +130,8 @@ def hf_features(path, texts=(), images=()) -> tuple[list[torch.Tensor], list[tor
             ids = torch.tensor([tok(t)["input_ids"]])
             out_t.append(_unit(model.get_text_features(input_ids=ids)))
         for img in images:
-            pixels = proc(images=[img], return_tensors="pt")["pixel_values"]
-            out_i.append(_unit(model.get_image_features(pixel_values=pixels)))
+            inputs = dict(proc(images=[img], return_tensors="pt"))
+            out_i.append(_unit(model.get_image_features(**inputs)))
     return out_t, out_i
 
 

@@ -56,3 +56,21 @@ def test_online_image_message_and_rerank(server, reference):
                                    abs=1e-4)
     assert got[0] == pytest.approx(float(reference["text"][1] @ reference["text"][0]),
                                    abs=1e-4)
+
+
+# ----- SigLIP2: the vision tower at native aspect ratio ------------------------------------
+@pytest.fixture(scope="module")
+def siglip2_dir(tmp_path_factory) -> str:
+    return str(mm.make_siglip2(tmp_path_factory.mktemp("siglip2") / "model"))
+
+
+def test_siglip2_matches_transformers_at_any_aspect_ratio(shared_llm, siglip2_dir,
+                                                          attention_backend):
+    wide, tall = mm.picture(1), mm.picture(2, (20, 60))
+    texts, images = mm.hf_features(siglip2_dir, TEXTS[:1], [wide, tall])
+    outs = shared_llm(siglip2_dir).embed([image_prompt(tall), TEXTS[0], image_prompt(wide)],
+                                         use_tqdm=False)
+    for out, ref in zip(outs, [images[1], texts[0], images[0]]):
+        assert _cos(out.outputs.embedding, ref) >= 0.9999
+    # each image counts its own patches (at most 16 here): 3x4 for the tall one
+    assert [len(o.prompt_token_ids) for o in (outs[0], outs[2])] == [12, 16]

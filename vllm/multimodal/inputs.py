@@ -74,8 +74,12 @@ class ImagePrompts:
             self._processed.move_to_end(key)
             return hit
         out = self.image_processor(images=[image], return_tensors="pt")
-        grid = out.get("image_grid_thw")
-        hit = (out["pixel_values"], None if grid is None else tuple(int(v) for v in grid[0]))
+        grid, shape = out.get("image_grid_thw"), out.get("spatial_shapes")
+        if shape is not None:  # SigLIP2: the image's own patches, without the padding
+            h, w = (int(v) for v in shape[0])
+            hit = (out["pixel_values"][0, :h * w], (1, h, w))
+        else:
+            hit = (out["pixel_values"], None if grid is None else tuple(int(v) for v in grid[0]))
         self._processed[key] = hit
         if len(self._processed) > _PROCESSED_CACHE:
             self._processed.popitem(last=False)
@@ -114,5 +118,8 @@ class ImagePrompts:
             raise ValueError(f"{self.mc.architecture} takes text-only or image-only prompts, "
                              "not both: pass the image with an empty prompt (\"prompt\": \"\").")
         pixels = torch.cat([p for p, _ in processed])
-        ids = [PLACEHOLDER_ID] * (placeholder_len(self.mc.hf_config) * len(images))
-        return ids, ImageInputs(pixels, hashes)
+        grids = [grid for _, grid in processed]
+        count = sum(t * h * w for t, h, w in grids) if grids[0] is not None else \
+            placeholder_len(self.mc.hf_config) * len(images)
+        return [PLACEHOLDER_ID] * count, ImageInputs(
+            pixels, hashes, grids=grids if grids[0] is not None else None)

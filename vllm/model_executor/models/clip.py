@@ -83,7 +83,8 @@ class DualEncoder(nn.Module):
                    meta: AttentionMetadata, lengths: list[int]) -> torch.Tensor:
         raise NotImplementedError
 
-    def embed_images(self, pixels: torch.Tensor, like: AttentionMetadata) -> torch.Tensor:
+    def embed_images(self, images: list, like: AttentionMetadata) -> torch.Tensor:
+        """One embedding per image of `images` (each request's ImageInputs, in order)."""
         raise NotImplementedError
 
     def attention_layers(self) -> list[Attention]:
@@ -106,9 +107,8 @@ class DualEncoder(nn.Module):
             out = self._place(out, input_ids.shape[0], text, starts, lengths, self.embed_text(
                 input_ids[rows], positions[rows], sub, [lengths[i] for i in text]))
         if pics:
-            pixels = torch.cat([images[i].pixel_values for i in pics]).to(meta.device)
             out = self._place(out, input_ids.shape[0], pics, starts, lengths,
-                              self.embed_images(pixels, meta))
+                              self.embed_images([images[i] for i in pics], meta))
         return out if meta.output_rows is None else out[meta.output_rows]
 
     @staticmethod
@@ -244,5 +244,6 @@ class CLIPEmbeddingModel(DualEncoder):
             start += n
         return self.text_projection(hidden[rows])
 
-    def embed_images(self, pixels, like):
+    def embed_images(self, images, like):
+        pixels = torch.cat([i.pixel_values for i in images]).to(like.device)
         return self.visual_projection(self.vision_model(pixels, like))

@@ -62,6 +62,8 @@ _REGISTRY: dict[str, ModelEntry] = {
                             multimodal=True),
     "SiglipModel": ModelEntry("siglip", "SiglipEmbeddingModel", "LAST", "embed", False,
                               multimodal=True),
+    "Siglip2Model": ModelEntry("siglip", "Siglip2EmbeddingModel", "LAST", "embed", False,
+                               multimodal=True),
     "Qwen2VLForConditionalGeneration": ModelEntry("qwen2_vl", "Qwen2VLEmbeddingModel", "LAST",
                                                   "embed", True, multimodal=True),
     # jina-reranker-m0: Qwen2-VL + an MLP score head (hf_overrides JinaVLForSequenceClassification)

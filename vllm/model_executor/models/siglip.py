@@ -98,5 +98,57 @@ class SiglipEmbeddingModel(DualEncoder):
         last = torch.tensor(meta.query_start_loc[1:], device=hidden.device) - 1
         return self.text_model.head(hidden[last])
 
-    def embed_images(self, pixels, like):
-        return self.vision_model(pixels, like)
+    def embed_images(self, images, like):
+        return self.vision_model(torch.cat([i.pixel_values for i in images]).to(like.device),
+                                 like)
+
+
+class Siglip2VisionEmbeddings(nn.Module):
+    """Patches at their native aspect ratio: a linear patch embedding, and the learned
+    position grid resized (bilinear, antialiased) to each image's patch grid."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        h, p = config.hidden_size, config.patch_size
+        self.patch_embedding = nn.Linear(config.num_channels * p * p, h)
+        self.position_embedding = nn.Embedding(config.num_patches, h)
+        self.grid = int(config.num_patches ** 0.5)
+
+    def forward(self, patches: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        w = self.position_embedding.weight
+        grid = w.reshape(self.grid, self.grid, -1).permute(2, 0, 1)[None].float()
+        resized = F.interpolate(grid, size=shape, mode="bilinear", align_corners=False,
+                                antialias=True)[0].flatten(1).T
+        return self.patch_embedding(patches.to(w.dtype)) + resized.to(w.dtype)
+
+
+class Siglip2VisionTower(nn.Module):
+    """Each image one sequence of its own patch count (no padding, so no mask needed)."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.embeddings = Siglip2VisionEmbeddings(config)
+        self.encoder = Encoder(config)
+        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.head = AttentionPoolingHead(config)
+
+    def forward(self, images: list, like: AttentionMetadata) -> torch.Tensor:
+        shapes = [g[1:] for inputs in images for g in inputs.grids]
+        patches = torch.cat([i.pixel_values for i in images]).to(like.device)
+        lengths = [h * w for h, w in shapes]
+        x = torch.cat([self.embeddings(p, s) for p, s in zip(patches.split(lengths), shapes)])
+        x = self.post_layernorm(self.encoder(x, segments_meta(lengths, False, like)))
+        return torch.cat([self.head(seq[None]) for seq in x.split(lengths)])
+
+
+class Siglip2EmbeddingModel(SiglipEmbeddingModel):
+    """Siglip2Model: SigLIP's text tower; the vision tower at native aspect ratio."""
+
+    def __init__(self, config) -> None:
+        DualEncoder.__init__(self)
+        self.config = config
+        self.text_model = SiglipTextTower(config.text_config)
+        self.vision_model = Siglip2VisionTower(config.vision_config)
+
+    def embed_images(self, images, like):
+        return self.vision_model(images, like)
