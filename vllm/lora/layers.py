@@ -31,7 +31,7 @@ class LoRALayer:
         self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._stacked: Optional[tuple[tuple[int, ...], Stacked]] = None
 
-    def groups(self, x: torch.Tensor) -> Optional[tuple[RowMap, Stacked]]:
+    def plan(self, x: torch.Tensor) -> Optional[tuple[RowMap, Stacked]]:
         """This step's plan for `x` (None: no row of it runs an adapter of this layer)."""
         rows = self.step.rows(x.shape[0])
         if rows is None:

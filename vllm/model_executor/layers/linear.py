@@ -181,12 +181,12 @@ class Linear(nn.Linear):
         # set by bind() where a few-row kernel reads the packed weight (layers.skinny_gemm)
         self.skinny: Optional[Union[SkinnyWeight, tuple[SkinnyWeight, SkinnyWeight]]] = None
         # vllm.lora.layers.LoRALayer where an adapter targets this projection: rows of a
-        # step under an adapter get its delta before the epilogue (no weight merge).
+        # step under an adapter get its term added before the epilogue (no weight merge).
         self.lora = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.lora is not None and (groups := self.lora.groups(x)):
-            return self.lora.forward(self, x, groups)
+        if self.lora is not None and (plan := self.lora.plan(x)):
+            return self.lora.forward(self, x, plan)
         if self.skinny is not None and self.skinny.takes(x):
             return _skinny_activation(self.skinny, x, self.bias, self.activation)
         return self.gemm.linear(x, self._gemm_weight(), self.bias, self.activation)
@@ -194,8 +194,8 @@ class Linear(nn.Linear):
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b + residual; only for layers without an activation."""
         assert self.activation is None, "forward_add is for projections without activation"
-        if self.lora is not None and (groups := self.lora.groups(x)):
-            return self.lora.forward(self, x, groups, residual=residual)
+        if self.lora is not None and (plan := self.lora.plan(x)):
+            return self.lora.forward(self, x, plan, residual=residual)
         if self.skinny is not None and self.skinny.takes(x):
             return self.skinny(x, self.bias, "add", residual)
         return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
@@ -203,8 +203,8 @@ class Linear(nn.Linear):
     def forward_mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) * other; only for layers without an activation."""
         assert self.activation is None, "forward_mul is for projections without activation"
-        if self.lora is not None and (groups := self.lora.groups(x)):
-            return self.lora.forward(self, x, groups, other=other)
+        if self.lora is not None and (plan := self.lora.plan(x)):
+            return self.lora.forward(self, x, plan, other=other)
         if self.skinny is not None and self.skinny.takes(x):
             return self.skinny(x, self.bias, "mul", other)
         return self.gemm.linear_mul(x, other, self._gemm_weight(), self.bias)
@@ -262,8 +262,8 @@ class GatedLinear(Linear):
         self.gate_activation = check_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.lora is not None and (groups := self.lora.groups(x)):
-            return self.lora.forward(self, x, groups)
+        if self.lora is not None and (plan := self.lora.plan(x)):
+            return self.lora.forward(self, x, plan)
         if self.skinny is not None and self.skinny[0].takes(x):
             gate, up = self.skinny
             return up(x, None, "mul", _skinny_activation(gate, x, None, self.gate_activation))
