@@ -158,3 +158,14 @@ def test_serve_flags_parse_like_upstream(qwen3_embed_dir):
             engine_args.max_cpu_loras) == (True, 2, 8, 3)
     with pytest.raises(SystemExit):
         parse_serve_args([qwen3_embed_dir, "--lora-modules", '{"name": "b", "oops": 1}'])
+
+
+def test_start_up_refuses_bad_lora_settings(lora_engine, adapters):
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.openai.api_server import build_app
+    with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
+        build_app(lora_engine, SimpleNamespace(lora_modules=[LoRAModulePath("a", "/x")]))
+    with pytest.raises(ValueError, match="--lora-modules big=.*LoRA rank 16 is greater"):
+        build_app(lora_engine, SimpleNamespace(enable_lora=True, lora_modules=[
+            LoRAModulePath("big", adapters["big"])]))
