@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from safetensors import safe_open
@@ -61,3 +61,23 @@ def _check_loadable(param: torch.Tensor, name: str) -> None:
     if param.is_meta:
         raise RuntimeError(f"Cannot load weight {name!r}: its layer was already packed for "
                            "its GEMM (bind_linear); load every weight before binding.")
+
+
+def load_mapped(module: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                map_name: Callable[[str], tuple[str, Optional[int]]]) -> set[str]:
+    """Copy each checkpoint tensor into `module`'s parameter `map_name(name)` names: (its
+    name, None) or (a fused [q; k; v] parameter's name, the shard 0/1/2). Returns the
+    parameters set; a tensor with no place is a ValueError."""
+    params = dict(module.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        pname, shard = map_name(name)
+        if pname not in params:
+            raise ValueError(f"checkpoint weight {name!r} has no place in "
+                             f"{type(module).__name__}")
+        if shard is None:
+            copy_param(params[pname], tensor, name)
+        else:
+            copy_shard(params[pname], [tensor.shape[0]] * 3, shard, tensor)
+        loaded.add(pname)
+    return loaded

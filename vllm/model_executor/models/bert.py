@@ -9,7 +9,7 @@ from torch import nn
 from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import Linear
-from vllm.model_executor.weight_utils import copy_param, copy_shard
+from vllm.model_executor.weight_utils import load_mapped
 
 # HF `hidden_act` -> the activation fused into the intermediate projection.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -114,21 +114,9 @@ class BertModel(nn.Module):
         return name.endswith("position_ids") or name.startswith("pooler.")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
-                "LayerNorm.beta", "LayerNorm.bias")
-            pname, shard = _map_bert_name(name)
-            if pname not in params:
-                raise ValueError(f"checkpoint weight {name!r} has no place in "
-                                 f"{type(self).__name__}")
-            if shard is None:
-                copy_param(params[pname], tensor, name)
-            else:
-                copy_shard(params[pname], [self.config.hidden_size] * 3, shard, tensor)
-            loaded.add(pname)
-        return loaded
+        return load_mapped(self, weights, lambda name: _map_bert_name(
+            name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+                "LayerNorm.beta", "LayerNorm.bias")))
 
 
 def _map_bert_name(name: str) -> tuple[str, Optional[int]]:

@@ -16,7 +16,7 @@ from vllm.model_executor.attention_metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import Linear
 from vllm.model_executor.models.bert import get_activation
-from vllm.model_executor.weight_utils import copy_param, copy_shard
+from vllm.model_executor.weight_utils import load_mapped
 
 _QKV = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
 
@@ -127,19 +127,7 @@ class DualEncoder(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """HF names, with each encoder layer's q/k/v fused into `qkv`."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            pname, shard = _map_name(name)
-            if pname not in params:
-                raise ValueError(f"checkpoint weight {name!r} has no place in "
-                                 f"{type(self).__name__}")
-            if shard is None:
-                copy_param(params[pname], tensor, name)
-            else:
-                copy_shard(params[pname], [tensor.shape[0]] * 3, shard, tensor)
-            loaded.add(pname)
-        return loaded
+        return load_mapped(self, weights, _map_name)
 
 
 def _map_name(name: str) -> tuple[str, Optional[int]]:
