@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from vllm.config.model import ModelConfig
+from vllm.engine.mm_prompts import ImagePromptsMixin
 from vllm.engine.st_prompts import PromptType, SentenceTransformersPrompts
 from vllm.logger import init_logger
 
@@ -85,7 +86,7 @@ class TokenCap(int):
     which keeps the special tokens, whatever the side."""
 
 
-class InputProcessor(SentenceTransformersPrompts):
+class InputProcessor(SentenceTransformersPrompts, ImagePromptsMixin):
     """The one place where a text becomes token ids and where truncation is validated
     (`check_truncation`, `check_side`); `LLM` and the server both come through here."""
 
@@ -100,24 +101,6 @@ class InputProcessor(SentenceTransformersPrompts):
         # do_lower_case attribute set after loading.
         self.lower_case = bool(model_config.st_config and model_config.st_config.do_lower_case)
         self._prompt_lens: dict[str, int] = {}
-        self._images = None  # ImagePrompts, built on the first image prompt
-
-    def _image_prompt(self, prompt: dict, add_special_tokens: bool) -> TokenizedPrompt:
-        """A prompt dict with `multi_modal_data` (dual encoders: an image, no text)."""
-        if not self.mc.is_multimodal:
-            raise ValueError(f"{self.mc.architecture} takes no images; send text prompts.")
-        if self._images is None:
-            from vllm.multimodal.inputs import ImagePrompts
-            self._images = ImagePrompts(self.mc, self.tokenizer)
-        text = prompt.get("prompt_token_ids")
-        if text is None and prompt.get("prompt"):
-            text = self._call(prompt["prompt"], None, None, None,
-                              add_special_tokens=add_special_tokens)["input_ids"]
-        text = list(text or []) + list(prompt.get("suffix_ids", ()))
-        ids, images = self._images.build(prompt, text)
-        out = TokenizedPrompt(ids, images=images)
-        self.check(out)
-        return out
 
     def _text(self, text: str, field: str = "input") -> str:
         check_text(text, field)
@@ -272,12 +255,12 @@ class InputProcessor(SentenceTransformersPrompts):
             if salt is not None and not isinstance(salt, str):
                 raise ValueError("cache_salt must be a string.")
             if "multi_modal_data" in prompt:
-                out = self._image_prompt(prompt, add_special_tokens)
-                out.cache_salt = salt
+                ids, images = self._image_ids(prompt, add_special_tokens)
+                out = TokenizedPrompt(ids, images=images, cache_salt=salt)
+                self.check(out)
                 return out
             if "suffix_ids" in prompt:  # a scoring template's prompt, then the score token
-                prompt = list(self._call(prompt["prompt"], None, None, None)["input_ids"]) + \
-                    list(prompt["suffix_ids"])
+                prompt = self._template_ids(prompt)
             elif "prompt_token_ids" in prompt:
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
@@ -368,23 +351,6 @@ class InputProcessor(SentenceTransformersPrompts):
             strategy = "only_second"
         enc = self._call(text_1, text_2, length, truncation_side, strategy)
         return self._prompt(enc["input_ids"], self._types(enc), k, cut)
-
-    def tokenize_score_pair(self, query: Any, document: Any,
-                            truncate_prompt_tokens: Optional[int] = None,
-                            truncation_side: Optional[str] = None,
-                            max_tokens_2: int = 0) -> TokenizedPrompt:
-        """A cross-encoder pair: through the model's scoring template where it has one (its
-        items texts or image prompts: jina-reranker-m0), else the tokenizer's pair form."""
-        from vllm.multimodal.vlm_inputs import SCORE_TEMPLATES, score_prompt
-        arch = self.mc.architecture
-        if arch in SCORE_TEMPLATES:
-            return self.tokenize_prompt(score_prompt(arch, query, document),
-                                        truncate_prompt_tokens, truncation_side=truncation_side)
-        if not (isinstance(query, str) and isinstance(document, str)):
-            raise ValueError(f"{arch} scores text pairs; image items are scored by embedding "
-                             "models (CLIP, SigLIP) and template rerankers (jina-reranker-m0).")
-        return self.tokenize_pair(query, document, truncate_prompt_tokens, truncation_side,
-                                  max_tokens_2)
 
     def _types(self, enc) -> Optional[list[int]]:
         if not self.mc.uses_token_type_ids or "token_type_ids" not in enc:
