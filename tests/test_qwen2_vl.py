@@ -170,3 +170,15 @@ def test_embeddings_messages_use_the_chat_template(qwen2_vl_dir):
             "input_ids"]) - 1 + 30
     finally:
         next(server_gen, None)
+
+
+def test_encoder_and_processed_image_caches_are_bounded_by_bytes():
+    from vllm.multimodal.lru import TensorLRU
+    lru = TensorLRU(max_bytes=100)
+    for key in "abc":  # 40 bytes each: the third pushes out the first
+        lru.get(key, lambda: torch.zeros(10))
+    assert lru.misses == 3
+    lru.get("c", lambda: torch.ones(10))
+    assert lru.misses == 3  # a hit
+    assert lru.get("a", lambda: torch.ones(10))[0] == 1 and lru.misses == 4
+    assert lru.get("huge", lambda: torch.zeros(1000)).numel() == 1000  # the newest stays

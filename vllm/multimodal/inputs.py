@@ -9,17 +9,17 @@ different images apart wherever prompts are compared (deduplication, later the c
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from vllm.multimodal.image import as_rgb, image_hash
+from vllm.multimodal.lru import TensorLRU
 
 # The id every image position carries (the vision tower never reads it).
 PLACEHOLDER_ID = 0
-_PROCESSED_CACHE = 32  # processed images kept per processor
+_PROCESSED_CACHE_BYTES = 128 * 2**20  # processed images kept per processor
 
 
 @dataclass
@@ -65,25 +65,19 @@ class ImagePrompts:
         self.limit = model_config.mm_limit("image")
         # processed images by content hash: a document image behind many queries (the
         # rerank shape) is resized and normalised once
-        self._processed: OrderedDict[str, tuple[torch.Tensor, Optional[tuple]]] = OrderedDict()
+        self._processed = TensorLRU(_PROCESSED_CACHE_BYTES)
 
     def process(self, image, key: str) -> tuple[torch.Tensor, Optional[tuple[int, int, int]]]:
         """(pixel values, patch grid or None) of one image, by its content hash `key`."""
-        hit = self._processed.get(key)
-        if hit is not None:
-            self._processed.move_to_end(key)
-            return hit
+        return self._processed.get(key, lambda: self._run_processor(image))
+
+    def _run_processor(self, image) -> tuple[torch.Tensor, Optional[tuple[int, int, int]]]:
         out = self.image_processor(images=[image], return_tensors="pt")
         grid, shape = out.get("image_grid_thw"), out.get("spatial_shapes")
         if shape is not None:  # SigLIP2: the image's own patches, without the padding
             h, w = (int(v) for v in shape[0])
-            hit = (out["pixel_values"][0, :h * w], (1, h, w))
-        else:
-            hit = (out["pixel_values"], None if grid is None else tuple(int(v) for v in grid[0]))
-        self._processed[key] = hit
-        if len(self._processed) > _PROCESSED_CACHE:
-            self._processed.popitem(last=False)
-        return hit
+            return out["pixel_values"][0, :h * w], (1, h, w)
+        return out["pixel_values"], None if grid is None else tuple(int(v) for v in grid[0])
 
     @functools.cached_property
     def image_processor(self):

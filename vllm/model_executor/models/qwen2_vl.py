@@ -4,12 +4,11 @@ placeholder tokens; then the Qwen2 decoder runs with multimodal rotary positions
 
 The decoder stays an ordinary causal LM, so prefix caching and chunked prefill stay on: a
 step computes the vision tower only for the images whose placeholders it computes, keeps
-recent encoder outputs by content hash (`EncoderCache`: the next chunk of a split image, or
+recent encoder outputs by content hash (`encoder_cache`, 256 MiB: the next chunk of a split image, or
 the same image in another request, reuses them), and scatters the rows it needs.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Iterable, Optional
 
 import torch
@@ -21,6 +20,9 @@ from vllm.model_executor.layers.linear import Linear
 from vllm.model_executor.models.clip import segments_meta
 from vllm.model_executor.models.decoder import DecoderModel
 from vllm.model_executor.weight_utils import copy_param
+from vllm.multimodal.lru import TensorLRU
+
+ENCODER_CACHE_BYTES = 256 * 2**20
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -105,25 +107,6 @@ class VisionTower(nn.Module):
         return self.merger.mlp(merged)
 
 
-class EncoderCache:
-    """Recent vision-tower outputs by image content hash (least recently used dropped)."""
-
-    def __init__(self, capacity: int = 64) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.misses = 0
-
-    def get(self, key: str, compute) -> torch.Tensor:
-        if key in self._items:
-            self._items.move_to_end(key)
-            return self._items[key]
-        self.misses += 1
-        value = self._items[key] = compute()
-        if len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-        return value
-
-
 class Qwen2VLEmbeddingModel(DecoderModel):
     """Qwen2VLForConditionalGeneration served for pooling: forward(input_ids, positions,
     meta, images=...) -> hidden states, image placeholders replaced by the vision tower's
@@ -140,7 +123,9 @@ class Qwen2VLEmbeddingModel(DecoderModel):
             config.text_config.rope_parameters.get("mrope_section", []))
         if sum(sections) != self.layers[0].self_attn.head_dim // 2:
             raise ValueError(f"mrope_section {sections} must sum to half the head size.")
-        self.encoder_cache = EncoderCache()
+        # vision-tower outputs by image content hash (the next chunk of a split image, the
+        # same image in another request)
+        self.encoder_cache = TensorLRU(ENCODER_CACHE_BYTES)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]
