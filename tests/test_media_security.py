@@ -191,3 +191,20 @@ def test_server_refusals_are_400s_and_it_keeps_serving(server, media_dir, image_
 def test_messages_on_a_text_model_are_a_400(minilm):
     _assert_400(minilm.post("/v1/embeddings", {"messages": _image_messages(
         mm.data_url(PNG))}), "send `input`")
+
+
+def test_serve_flags_reach_the_media_policy(tmp_path_factory, media_dir):
+    from vllm.entrypoints.openai.cli_args import engine_args_from_namespace, parse_serve_args
+    clip = str(mm.make_clip(tmp_path_factory.mktemp("clip_flags") / "model"))
+    args = parse_serve_args([clip, "--limit-mm-per-prompt", '{"image": 0}',
+                             "--allowed-local-media-path", str(media_dir / "allowed"),
+                             "--allowed-media-domains", "Images.Example.com", "cdn.example.org"])
+    mc = engine_args_from_namespace(args).create_engine_config().model_config
+    assert mc.mm_limit("image") == 0
+    policy = mc.media_policy
+    assert policy.allowed_local_media_path == str(media_dir / "allowed")
+    assert policy.allowed_media_domains == ("images.example.com", "cdn.example.org")
+    with pytest.raises(ValueError, match="is not a directory"):
+        engine_args_from_namespace(parse_serve_args(
+            [clip, "--allowed-local-media-path", str(media_dir / "nope")])
+        ).create_engine_config()
