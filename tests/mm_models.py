@@ -19,11 +19,12 @@ SEP_ID = 102  # the BERT tokenizer's [SEP]: the tiny text towers' EOS
 TEXTS = ["a photo of a cat", "hello world"]
 
 
-def _towers(text_cls, vision_cls, **vision_extra):
+def _towers(text_cls, vision_cls, vocab_size: int = BERT_VOCAB, eos: int = SEP_ID,
+            pad: int = 0, **vision_extra):
     # head size 16: the CPU_NATIVE kernel runs it (causal for CLIP's text, else not)
-    text = text_cls(vocab_size=BERT_VOCAB, hidden_size=64, intermediate_size=128,
+    text = text_cls(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                     num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
-                    eos_token_id=SEP_ID, pad_token_id=0)
+                    eos_token_id=eos, pad_token_id=pad)
     vision = vision_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, image_size=32, patch_size=8, **vision_extra)
     return text, vision
@@ -46,18 +47,49 @@ def make_clip(path, seed: int = SEED + 20) -> pathlib.Path:
     return path
 
 
+# The tiny SentencePiece model's training text: every rotation of a fixed word list.
+SPIECE_WORDS = ("a photo of a cat dog hello world the picture red blue green car tree house "
+                "two small big white black sky river").split()
+
+
+def save_siglip_tokenizer(path: pathlib.Path, image_processor=None):
+    """A real SiglipTokenizer (SentencePiece unigram, trained here deterministically on
+    SPIECE_WORDS: one thread, fixed options; <pad>=0, </s>=1 as pad and EOS, <unk>=2,
+    model_max_length 64) saved as spiece.model in `path`, with a SiglipProcessor when
+    `image_processor` is given. Returns the tokenizer."""
+    import sentencepiece as spm
+    from transformers import SiglipProcessor, SiglipTokenizer
+    w = SPIECE_WORDS
+    lines = [" ".join(w[i:] + w[:i]) for i in range(len(w))]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(path / "spiece"), vocab_size=80,
+        hard_vocab_limit=False, model_type="unigram", pad_id=0, eos_id=1, unk_id=2,
+        bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", num_threads=1,
+        minloglevel=2)
+    tok = SiglipTokenizer(str(path / "spiece.model"), model_max_length=64)
+    (path / "spiece.vocab").unlink()
+    if image_processor is None:
+        tok.save_pretrained(str(path))
+    else:
+        SiglipProcessor(image_processor=image_processor, tokenizer=tok).save_pretrained(
+            str(path))
+    return tok
+
+
 def make_siglip(path, seed: int = SEED + 21) -> pathlib.Path:
-    """SiglipModel: 64-wide towers of 2 layers, 32x32 images in 8x8 patches."""
+    """SiglipModel: 64-wide towers of 2 layers, 32x32 images in 8x8 patches; its real
+    (SentencePiece) tokenizer and processor, the text vocabulary the tokenizer's."""
     from transformers import (SiglipConfig, SiglipImageProcessor, SiglipModel,
                               SiglipTextConfig, SiglipVisionConfig)
     path = _fresh(path)
+    tok = save_siglip_tokenizer(path, SiglipImageProcessor(size={"height": 32, "width": 32}))
     torch.manual_seed(seed)
-    text, vision = _towers(SiglipTextConfig, SiglipVisionConfig)
+    text, vision = _towers(SiglipTextConfig, SiglipVisionConfig, vocab_size=len(tok),
+                           eos=tok.eos_token_id, pad=tok.pad_token_id)
+    text.bos_token_id = None  # SigLIP's tokenizer adds no BOS
     model = SiglipModel(SiglipConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
     _perturb(model)
     _save(model, path)
-    save_bert_tokenizer(path, model_input_names=["input_ids", "attention_mask"])
-    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(str(path))
     return path
 
 

@@ -40,6 +40,21 @@ def test_text_and_image_prompts_match_transformers(shared_llm, siglip_dir, refer
     assert len(outs[0].prompt_token_ids) == 16  # 4x4 patches, no class token
 
 
+def test_engine_tokenizes_as_siglip_processor(shared_llm, siglip_dir):
+    """The checkpoint's real SiglipTokenizer (SentencePiece): the engine's ids are
+    SiglipProcessor's, including its canonicalisation (case, punctuation) and <unk>."""
+    from transformers import AutoProcessor
+    proc = AutoProcessor.from_pretrained(siglip_dir)
+    assert type(proc).__name__ == "SiglipProcessor"
+    assert type(proc.tokenizer).__name__ == "SiglipTokenizer"
+    texts = TEXTS + ["Hello, World! A RED car.", "zebra quokka"]
+    outs = shared_llm(siglip_dir).embed(texts, use_tqdm=False)
+    want = proc(text=texts)["input_ids"]
+    assert [o.prompt_token_ids for o in outs] == want
+    assert proc.tokenizer.unk_token_id in want[3]
+    assert all(ids[-1] == proc.tokenizer.eos_token_id for ids in want)
+
+
 def test_text_with_an_image_is_refused(shared_llm, siglip_dir):
     with pytest.raises(ValueError, match="text-only or image-only"):
         shared_llm(siglip_dir).embed({"prompt": "x", "multi_modal_data": {
