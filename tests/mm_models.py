@@ -167,6 +167,19 @@ def hf_features(path, texts=(), images=()) -> tuple[list[torch.Tensor], list[tor
     return out_t, out_i
 
 
+def hf_padded_text_features(path, texts) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """The processor's ids for `texts` with padding="max_length" and Transformers'
+    get_text_features on them (no attention mask, as SigLIP was trained), normalised."""
+    from transformers import AutoModel, AutoProcessor
+    model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids = AutoProcessor.from_pretrained(str(path))(text=list(texts),
+                                                   padding="max_length")["input_ids"]
+    with torch.inference_mode():
+        feats = model.get_text_features(input_ids=torch.tensor(ids))
+    feats = getattr(feats, "pooler_output", feats)
+    return ids, [_unit(f) for f in feats]
+
+
 def references(path) -> dict[str, list[torch.Tensor]]:
     """Transformers' unit embeddings of TEXTS and of pictures 1 and 2."""
     texts, images = hf_features(path, TEXTS, [picture(1), picture(2)])

@@ -73,6 +73,81 @@ def test_online_image_message_and_rerank(server, reference):
                                    abs=1e-4)
 
 
+# ----- upstream's `padding` ("max_length": SigLIP's fixed 64-token training length) -----
+@pytest.fixture(scope="module")
+def padded(siglip_dir):
+    return mm.hf_padded_text_features(siglip_dir, TEXTS)
+
+
+def test_offline_padding_max_length_matches_transformers(shared_llm, siglip_dir, padded,
+                                                         reference):
+    """tokenization_kwargs={"padding": "max_length"}: the processor's padded ids (64, the
+    tokenizer's model_max_length and max_model_len) and get_text_features on them, which
+    differ from the unpadded embedding."""
+    llm = shared_llm(siglip_dir)
+    ids, want = padded
+    outs = llm.embed(TEXTS, use_tqdm=False, tokenization_kwargs={"padding": "max_length"})
+    assert [o.prompt_token_ids for o in outs] == ids
+    assert len(ids[0]) == 64 == llm.llm_engine.model_config.max_model_len
+    for out, ref, unpadded in zip(outs, want, reference["text"]):
+        assert _cos(out.outputs.embedding, ref) >= 0.9999
+        assert _cos(out.outputs.embedding, unpadded) < 0.999
+    plain = llm.embed(TEXTS[:1], use_tqdm=False, tokenization_kwargs={"padding": "do_not_pad"})
+    assert _cos(plain[0].outputs.embedding, reference["text"][0]) >= 0.9999
+
+
+@pytest.mark.parametrize("kwargs,match", [({"padding": "longest"}, "padding must be one of"),
+                                          ({"truncation": True}, "only 'padding'")])
+def test_offline_padding_refuses_what_it_cannot_do(shared_llm, siglip_dir, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        shared_llm(siglip_dir).embed(TEXTS, use_tqdm=False, tokenization_kwargs=kwargs)
+
+
+def test_offline_padding_refuses_an_image_prompt(shared_llm, siglip_dir):
+    with pytest.raises(ValueError, match="applies to text prompts"):
+        shared_llm(siglip_dir).embed([TEXTS[0], image_prompt(mm.picture(1))], use_tqdm=False,
+                                     tokenization_kwargs={"padding": "max_length"})
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/pooling"])
+def test_online_padding_max_length_matches_transformers(server, padded, route):
+    ids, want = padded
+    out = _ok(server.post(route, {"input": TEXTS, "padding": "max_length"}))
+    for item, ref in zip(out["data"], want):
+        got = item["embedding"] if route == "/v1/embeddings" else item["data"]
+        assert _cos(got, ref) >= 0.9999
+    assert out["usage"]["prompt_tokens"] == 64 * len(TEXTS)
+
+
+@pytest.mark.parametrize("route,body,match", [
+    ("/v1/embeddings", {"input": "a", "padding": "longest"}, "literal_error"),
+    ("/v1/embeddings", {"messages": image_message(png_url(1)), "padding": "max_length"},
+     "applies to text prompts"),
+    ("/rerank", {"query": "a", "documents": ["b"], "padding": "max_length"},
+     "not supported"),
+])
+def test_online_padding_errors_name_the_field(server, route, body, match):
+    r = server.post(route, body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "padding", r.text
+    assert match in error["message"]
+
+
+def test_pad_prompts_on_other_tokenizers():
+    """Any model pads as upstream does (token type ids with 0); a tokenizer without a pad
+    token is an error naming `padding`, never a prompt left unpadded."""
+    from types import SimpleNamespace
+
+    from vllm.engine.padding import PaddingError, pad_prompts
+    from vllm.engine.processor import TokenizedPrompt
+    p = TokenizedPrompt([101, 7, 102], token_type_ids=[0, 0, 0])
+    pad_prompts([p], "max_length", SimpleNamespace(pad_token_id=0), 5)
+    assert (p.prompt_token_ids, p.token_type_ids) == ([101, 7, 102, 0, 0], [0] * 5)
+    with pytest.raises(PaddingError, match="needs a pad token") as err:
+        pad_prompts([TokenizedPrompt([5])], "max_length", SimpleNamespace(pad_token_id=None), 4)
+    assert err.value.field == "padding"
+
+
 # ----- SigLIP2: the vision tower at native aspect ratio ------------------------------------
 @pytest.fixture(scope="module")
 def siglip2_dir(tmp_path_factory) -> str:

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
+from vllm.engine.padding import pad_prompts, padding_kwarg
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.logger import init_logger
 from vllm.entrypoints.quantize import check_precision, load_calibration, quantize
@@ -57,6 +58,7 @@ class LLM:
         token_classify); without one, the seed's raw `encode` task, which upstream 0.32
         has removed (a deprecation line is logged once). `sparse=True` (BGE-M3 under
         token_classify): each output's data is {token_id: weight}, max-pooled per id."""
+        padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
         mc = self.llm_engine.model_config
         task = pooling_task or mc.encode_task
@@ -68,7 +70,7 @@ class LLM:
                            "pooling_task='token_embed' or 'token_classify' (or use "
                            "LLM.embed / LLM.classify / LLM.score).", task)
         outs = self._run(prompts, pooling_params, task, truncate_prompt_tokens, use_tqdm,
-                         truncation_side, lora=lora)
+                         truncation_side, lora=lora, padding=padding)
         for o in outs if sparse else ():
             o.outputs.data = lexical_weights(mc, o.prompt_token_ids, o.outputs.data)
         return outs
@@ -85,6 +87,7 @@ class LLM:
         ranges, here or from the engine's `embedding_calibration` file); `sparse=True`
         (SPLADE models): each output's `embedding` is {token_id: weight} of the non-zero
         weights instead of the vocabulary-size list."""
+        padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
         precision = check_precision(precision)
         if ranges is not None and precision not in ("int8", "uint8"):
@@ -98,7 +101,7 @@ class LLM:
         outs = self._run(prompt_list, pooling_params, "embed", truncate_prompt_tokens,
                          use_tqdm, truncation_side,
                          processor.prompt_len(_as_list(prompts), prompt_name, prompt),
-                         lora=lora)
+                         lora=lora, padding=padding)
         if precision != "float32":
             ranges = ranges if ranges is not None else self._calibration(precision)
             for o in outs:
@@ -111,9 +114,10 @@ class LLM:
                  pooling_params: Params = None, truncate_prompt_tokens: Optional[int] = None,
                  *, truncation_side: Optional[str] = None,
                  **kwargs: Any) -> list[ClassificationRequestOutput]:
+        padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
         outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm,
-                         truncation_side, lora=lora)
+                         truncation_side, lora=lora, padding=padding)
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def reward(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
@@ -182,15 +186,19 @@ class LLM:
              truncate_prompt_tokens: Optional[int], use_tqdm: bool,
              truncation_side: Optional[str] = None,
              prompt_len: Optional[int] = None,
-             lora: LoRAArg = None) -> list[PoolingRequestOutput]:
+             lora: LoRAArg = None,
+             padding: Optional[str] = None) -> list[PoolingRequestOutput]:
         """`prompt_len`: the leading tokens of every prompt that are its
-        sentence-transformers prompt (see InputProcessor.prompt_len)."""
+        sentence-transformers prompt (see InputProcessor.prompt_len); `padding`: upstream's
+        (see vllm.engine.padding)."""
         self.llm_engine.verify_task(task)
         prompt_list = _as_list(prompts)
         if not prompt_list:
             return []
-        tokenized = self.llm_engine.processor.tokenize_many(prompt_list, truncate_prompt_tokens,
-                                                            truncation_side)
+        processor = self.llm_engine.processor
+        tokenized = pad_prompts(processor.tokenize_many(prompt_list, truncate_prompt_tokens,
+                                                        truncation_side),
+                                padding, processor.tokenizer, processor.mc.max_model_len)
         for t in tokenized:
             t.prompt_len = prompt_len
         params_list = _per_prompt(params, PoolingParams, len(prompt_list), "PoolingParams")

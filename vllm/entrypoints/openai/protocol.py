@@ -27,6 +27,8 @@ PromptInput = Union[Text, list[Text], list[StrictInt], list[list[StrictInt]]]
 TruncateTokens = Optional[int]
 # Which end a truncation cuts: None = the server's --truncation-side (default "right").
 TruncationSide = Optional[Literal["left", "right"]]
+# Upstream's `padding`: "max_length" pads each prompt to max_model_len (vllm.engine.padding).
+Padding = Optional[Literal["max_length", "do_not_pad"]]
 
 
 # Request fields upstream vLLM acts on that this server does not implement (yet): each is a
@@ -36,7 +38,7 @@ UNSUPPORTED_UPSTREAM_FIELDS = frozenset({
     "messages", "chat_template", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message", "mm_processor_kwargs", "embed_dtype",
     "endianness", "max_tokens_per_doc", "max_tokens_per_query",
-    "return_token_ids", "tools", "lora_request"})
+    "return_token_ids", "tools", "lora_request", "padding"})
 
 
 class UnsupportedFieldError(ValueError):
@@ -116,6 +118,7 @@ class EmbeddingRequest(EngineRequest):
     user: Optional[Text] = None
     truncate_prompt_tokens: TruncateTokens = None
     truncation_side: TruncationSide = None
+    padding: Padding = None
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
     use_activation: Optional[bool] = None
@@ -162,6 +165,7 @@ class ClassificationRequest(EngineRequest):
     user: Optional[Text] = None
     truncate_prompt_tokens: TruncateTokens = None
     truncation_side: TruncationSide = None
+    padding: Padding = None
     add_special_tokens: bool = True
     activation: Optional[bool] = None
     use_activation: Optional[bool] = None

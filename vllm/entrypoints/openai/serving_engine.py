@@ -14,6 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
+from vllm.engine.padding import pad_prompts
 from vllm.engine.processor import TextPrompt
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
                                            internal_error)
@@ -220,20 +221,22 @@ class ServingContext:
     async def tokenize(self, prompts: Sequence[Any], truncate: Optional[int],
                        add_special_tokens: bool = True,
                        param: Optional[str] = "input",
-                       side: Optional[str] = None) -> list[Any]:
+                       side: Optional[str] = None,
+                       padding: Optional[str] = None) -> list[Any]:
         """Engine prompts. Plain strings go to the engine as `TextPrompt`s, which its loop
         tokenizes in one batch between steps (a text it refuses fails in `run`); anything
-        else is tokenized here, on the tokenizer thread (a refusal is a 400 naming
-        `param`)."""
+        else, and every prompt to pad (`padding`, vllm.engine.padding), is tokenized here,
+        on the tokenizer thread (a refusal is a 400 naming `param`)."""
         self.limits.check_inputs(len(prompts), param)
         k = self.check_truncation(truncate, side)
-        if add_special_tokens and all(isinstance(p, str) for p in prompts) and \
-                self.limits.texts_surely_fit(prompts):
+        if add_special_tokens and padding != "max_length" and \
+                all(isinstance(p, str) for p in prompts) and self.limits.texts_surely_fit(prompts):
             return [TextPrompt(p, k, side) for p in prompts]
+        processor = self.engine.processor
         try:
-            tokenized = await self.engine.tokenize_prompts(
+            tokenized = pad_prompts(await self.engine.tokenize_prompts(
                 prompts, truncate_prompt_tokens=k, add_special_tokens=add_special_tokens,
-                truncation_side=side)
+                truncation_side=side), padding, processor.tokenizer, processor.mc.max_model_len)
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", param)) from exc
         self.limits.check_tokens(tokenized, param)

@@ -57,7 +57,8 @@ class ServingPooling:
         inputs = self._with_prompt(body, raw_inputs, task)
         prompts = await ctx.tokenize(inputs, body.truncate_prompt_tokens,
                                      body.add_special_tokens,
-                                     side=getattr(body, "truncation_side", None))
+                                     side=getattr(body, "truncation_side", None),
+                                     padding=getattr(body, "padding", None))
         if inputs is not raw_inputs:  # a prompt applied: say how many tokens it is
             n = await ctx.engine.run_in_tokenizer_thread(  # that thread's tokenizer
                 ctx.engine.processor.prompt_len, raw_inputs,
