@@ -537,7 +537,7 @@ def test_cli_serve_and_sigterm_shutdown():
             proc.wait()
     text = "".join(log)
     assert "Ignoring enforce_eager" in text and "Supported tasks" in text
-    assert "OpenMP: idle threads spin 10000 iterations" in text
+    assert "OpenMP: idle threads spin 30000 iterations" in text
     assert "CPU allocator: buffers of 2 MiB and more page-aligned on transparent" in text
     assert re.search(r"Garbage collector: [1-9]\d* start-up objects frozen", text), text
     assert "No MODEL given" in text and "PoolerConfig(pooling_type='MEAN'" in text and "Server stopped" in text
