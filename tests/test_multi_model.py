@@ -123,8 +123,7 @@ def test_cli_serves_two_models(bert_embed_dir, bert_cls_dir):
     """`vllm serve A B --served-model-name a b`: both served on one port, each model's
     memory logged before loading, SIGTERM stops both engines (exit 0)."""
     import os
-    import signal
-    from test_server import _start_cli
+    from test_server import _start_cli, stop_cli
     proc, url, log = _start_cli(
         ["vllm.entrypoints.cli.main", "serve", bert_embed_dir, bert_cls_dir, "--port", "0",
          "--served-model-name", "emb", "rer", "--disable-uvicorn-access-log"],
@@ -136,10 +135,7 @@ def test_cli_serves_two_models(bert_embed_dir, bert_cls_dir):
                              ).status_code == 200
             assert http.post("/rerank", json={"query": "a", "documents": ["b"],
                                               "model": "rer"}).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=30)
-        log.append(rest)
-        assert proc.returncode == 0, "".join(log)
+        stop_cli(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -512,6 +512,15 @@ def _start_cli(argv: list[str], env: dict) -> tuple[subprocess.Popen, str, list[
     return proc, url, log
 
 
+def stop_cli(proc: subprocess.Popen, log: list[str]) -> None:
+    """SIGTERM a server started by `_start_cli`, keep the rest of its log, and check it
+    exited 0."""
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=30)
+    log.append(rest)
+    assert proc.returncode == 0, "".join(log)
+
+
 def test_cli_serve_and_sigterm_shutdown():
     """`vllm serve` (no MODEL: the bundled MiniLM) in a subprocess: it logs its address,
     serves, and exits 0 on SIGTERM."""
@@ -527,10 +536,7 @@ def test_cli_serve_and_sigterm_shutdown():
             r = http.post("/v1/embeddings", json={"input": "a"},
                           headers={"Authorization": "Bearer from-env"})
             assert r.status_code == 200 and r.json()["model"] == "mini"
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=30)
-        log.append(rest)
-        assert proc.returncode == 0, "".join(log)
+        stop_cli(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
