@@ -48,6 +48,9 @@ environment_variables: dict[str, EnvVar] = {
                                            "connection stays open (uvicorn's "
                                            "timeout_keep_alive, as upstream); default for "
                                            "`vllm serve --timeout-keep-alive`."),
+    "VLLM_SERVER_DIRECT_ROUTES": EnvVar("1", _flag, "0: every pooling request goes through "
+                                        "FastAPI's router, none by the direct path "
+                                        "(entrypoints/openai/direct_routes.py)."),
     "VLLM_CONFIGURE_LOGGING": EnvVar("1", _flag, "0: leave the `vllm` logger unconfigured."),
     "VLLM_LOGGING_LEVEL": EnvVar("INFO", lambda v: v.strip().upper() or "INFO",
                                  "Level of the `vllm` logger."),

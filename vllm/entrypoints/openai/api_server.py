@@ -115,7 +115,8 @@ def _add_edge(app: FastAPI, ctx: ServingContext, args: Any) -> None:
     max_bytes = getattr(args, "max_request_body_bytes", None) or DEFAULT_MAX_REQUEST_BODY_BYTES
     timeout = getattr(args, "body_read_timeout", None) or DEFAULT_BODY_READ_TIMEOUT_S
     app.add_middleware(RequestEdge, max_bytes=int(max_bytes), timeout_s=float(timeout),
-                       route_error=ctx.route_error)
+                       route_error=ctx.route_error,
+                       direct=ctx.direct if envs.VLLM_SERVER_DIRECT_ROUTES else None)
     api_key = getattr(args, "api_key", None)
     if api_key:
         app.add_middleware(AuthMiddleware, api_key=api_key)

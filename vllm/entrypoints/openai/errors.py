@@ -144,35 +144,45 @@ def _is_type_tag(part: str) -> bool:
         or part in ("constrained-int",)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every exception type to the shared error body."""
+# The exception types a handler may raise that have an answer of their own, most specific
+# first (Starlette picks a handler by the exception's MRO; none of these derives from another).
+MAPPED_ERRORS = (APIError, RequestValidationError, StarletteHTTPException, EngineDeadError,
+                 ValueError)
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+
+def mapped_error_response(exc: Exception, method: str = "",
+                          path: str = "") -> Optional[JSONResponse]:
+    """The answer to an exception a handler raised, or None when it has no mapping (a 500,
+    see InternalErrorMiddleware). Shared by the app's exception handlers and the direct
+    routes (direct_routes.py), so both answer alike."""
+    if isinstance(exc, APIError):
         return error_response(exc.status, exc.message, exc.param, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    if isinstance(exc, RequestValidationError):
         message, param = _validation_message(exc)
         return error_response(400, message, param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc, StarletteHTTPException):
         if exc.status_code == 404:
-            message = f"Route {request.method} {request.url.path} does not exist."
+            message = f"Route {method} {path} does not exist."
         elif exc.status_code == 405:
-            message = f"Method {request.method} is not allowed on {request.url.path}."
+            message = f"Method {method} is not allowed on {path}."
         else:
             message = str(exc.detail)
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+    if isinstance(exc, (EngineDeadError, ValueError)):
+        return error_response(503 if isinstance(exc, EngineDeadError) else 400, str(exc))
+    return None
 
-    @app.exception_handler(EngineDeadError)
-    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return error_response(503, str(exc))
 
-    @app.exception_handler(ValueError)
-    async def _value(_: Request, exc: ValueError) -> JSONResponse:
-        return error_response(400, str(exc))
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every exception type to the shared error body."""
+
+    async def _mapped(request: Request, exc: Exception) -> JSONResponse:
+        response = mapped_error_response(exc, request.method, request.url.path)
+        assert response is not None
+        return response
+
+    for kind in MAPPED_ERRORS:
+        app.add_exception_handler(kind, _mapped)
 
     app.add_middleware(InternalErrorMiddleware)
 

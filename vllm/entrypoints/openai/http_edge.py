@@ -78,15 +78,18 @@ class RequestEdge:
     """Path, route and body checks before the app (see the module docstring).
 
     `route_error(path)` returns a message when the served model cannot serve `path` (a
-    404 for any method, before the body is read), else None."""
+    404 for any method, before the body is read), else None. `direct`: the routes served
+    without FastAPI's router once the body is read (direct_routes.DirectRoutes)."""
 
     def __init__(self, app: Any, max_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
                  timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S,
-                 route_error: Callable[[str], Optional[str]] = lambda path: None) -> None:
+                 route_error: Callable[[str], Optional[str]] = lambda path: None,
+                 direct: Any = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.route_error = route_error
+        self.direct = direct
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -130,6 +133,9 @@ class RequestEdge:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # afterwards: wait for the disconnect, as ASGI does
+        if self.direct is not None and scope["path"] in self.direct and \
+                await self.direct.dispatch(scope, body, replay, send):
+            return
         await self.app(scope, replay, send)
 
     async def _read(self, receive: Callable,
@@ -176,9 +182,15 @@ async def _receive_within(receive: Callable, seconds: float) -> Optional[dict]:
     if seconds <= 0:
         return None
     try:
-        return await asyncio.wait_for(receive(), seconds)
+        if _TIMEOUT is None:
+            return await asyncio.wait_for(receive(), seconds)
+        async with _TIMEOUT(seconds):  # no task per read, as wait_for makes
+            return await receive()
     except asyncio.TimeoutError:
         return None
+
+
+_TIMEOUT = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 def _without_trailing_slash(scope: dict) -> dict:

@@ -87,9 +87,5 @@ class ServingCohere:
 
 def make_router(serving: ServingCohere) -> APIRouter:
     router = APIRouter()
-
-    @router.post("/v2/embed", dependencies=[serving.pooling.ctx.route_guard("/v2/embed")])
-    async def create_cohere_embed(body: CohereEmbedRequest, request: Request) -> Response:
-        return await serving.embed(body, request)
-
+    serving.pooling.ctx.post(router, "/v2/embed", CohereEmbedRequest, serving.embed)
     return router

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.padding import pad_prompts
 from vllm.engine.processor import TextPrompt
+from vllm.entrypoints.openai.direct_routes import DirectRoutes, post_route
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
                                            internal_error)
 from vllm.entrypoints.openai.serving_limits import ServingLimits
@@ -87,6 +88,7 @@ class ServingContext:
         self.limits = limits
         self._request_counter = itertools.count()
         self.loras: Any = None  # serving_lora.LoRARegistry under --enable-lora
+        self.direct = DirectRoutes(self.task_for)  # pooling routes past FastAPI's router
 
     # ----- engine and model -------------------------------------------------------------
     @property
@@ -161,6 +163,11 @@ class ServingContext:
         except APIError as exc:
             return exc.message
         return None
+
+    def post(self, router: Any, path: str, model: type, handler: Any) -> None:
+        """Serve POST `path` with `handler(body: model, request)`, behind the route guard:
+        on FastAPI and directly (direct_routes.py)."""
+        post_route(router, self.direct, path, model, handler, [self.route_guard(path)])
 
     def route_guard(self, route: str) -> Any:
         """A dependency that answers 503/404 before the body is validated (async, so

@@ -211,19 +211,8 @@ class ServingPooling:
 
 def make_router(serving: ServingPooling) -> APIRouter:
     router = APIRouter()
-    guard = serving.ctx.route_guard
-
-    @router.post("/v1/embeddings", dependencies=[guard("/v1/embeddings")])
-    async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        return await serving.embeddings(body, request)
-
-    @router.post("/pooling", dependencies=[guard("/pooling")])
-    async def create_pooling(body: PoolingRequest, request: Request) -> Response:
-        return await serving.pooling(body, request)
-
-    @router.post("/classify", dependencies=[guard("/classify")])
-    async def create_classify(body: ClassificationRequest, request: Request) -> Response:
-        return await serving.classify(body, request)
-
+    post = serving.ctx.post
+    post(router, "/v1/embeddings", EmbeddingRequest, serving.embeddings)
+    post(router, "/pooling", PoolingRequest, serving.pooling)
+    post(router, "/classify", ClassificationRequest, serving.classify)
     return router
-

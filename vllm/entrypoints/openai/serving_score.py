@@ -212,7 +212,6 @@ def without_absent_documents(response: RerankResponse) -> dict[str, Any]:
 
 def make_router(serving: ServingScores) -> APIRouter:
     router = APIRouter()
-    guard = serving.ctx.route_guard
 
     def score_endpoint(route: str):
         async def create_score(body: ScoreRequest, request: Request) -> Any:
@@ -226,9 +225,7 @@ def make_router(serving: ServingScores) -> APIRouter:
         return create_rerank
 
     for route in ("/score", "/v1/score"):
-        router.add_api_route(route, score_endpoint(route), methods=["POST"],
-                             dependencies=[guard(route)], name=f"score{route.replace('/', '_')}")
+        serving.ctx.post(router, route, ScoreRequest, score_endpoint(route))
     for route in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        router.add_api_route(route, rerank_endpoint(route), methods=["POST"],
-                             dependencies=[guard(route)], name=f"rerank{route.replace('/', '_')}")
+        serving.ctx.post(router, route, RerankRequest, rerank_endpoint(route))
     return router
