@@ -9,7 +9,10 @@ offline, then every level, then all texts in one request, so noise hits all alik
 requests/s (median over repeats), p50/p99 latency (over all repeats' requests), model FLOP
 utilisation, each level's ratio to the offline texts/s and to the one-request rate of the
 same server (the per-request HTTP cost, free of the offline run's own process, whose speed
-differs by a few % from launch to launch); then one short input, sequentially at 1 client
+differs by a few % from launch to launch), the same ratio paired per repeat (each level
+against its own repeat's offline run: on a VM whose speed drifts by 20-60% over minutes
+the pairs share the drift), and the server's CPU seconds over offline's (how much more work
+serving costs, whether or not the cores were busy); then one short input, sequentially at 1 client
 (p50) vs the offline single-request time (median), interleaved in rounds.
 The client shares the CPU with the server, as it would on a one-box deployment.
 
@@ -50,6 +53,12 @@ def free_port() -> int:
 
 def level_label(clients: int) -> str:
     return f"serve, {clients} client{'s' if clients != 1 else ''}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -225,17 +234,24 @@ def main() -> None:
 
         walls: dict = {"offline": [], "one_request": []}
         walls.update({c: [] for c in levels})
+        cpus: dict = {k: [] for k in walls}  # CPU s: offline's own process, else the server's
         lats: dict = {c: [] for c in levels}
+        pid = server.proc.pid
         for _ in range(args.repeats):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds(os.getpid())
             offline()
             walls["offline"].append(time.perf_counter() - start)
+            cpus["offline"].append(cpu_seconds(os.getpid()) - cpu)
             for c in levels:
+                cpu = cpu_seconds(pid)
                 wall, lat = asyncio.run(drive(server.url, model, texts, c, args.client))
+                cpus[c].append(cpu_seconds(pid) - cpu)
                 walls[c].append(wall)
                 lats[c] += lat
+            cpu = cpu_seconds(pid)
             walls["one_request"].append(asyncio.run(drive_one_request(
                 server.url, model, texts, args.client)))
+            cpus["one_request"].append(cpu_seconds(pid) - cpu)
 
         single_off, single_srv = [], []
         for _ in range(args.short_rounds):
@@ -253,16 +269,23 @@ def main() -> None:
         "requests_per_s": off_rate, "p50_ms": None, "p99_ms": None, "ratio_to_offline": 1.0,
         "mfu": flops / median(walls["offline"]) / 1e9 / peak}}
     one_rate = len(texts) / median(walls["one_request"])
+
+    def paired(key) -> dict:
+        """Per repeat, against that repeat's offline run (the machine's speed drifts between
+        repeats; a pair shares it): median wall ratio, and server CPU s / offline CPU s."""
+        return {"ratio_to_offline_paired": median(
+                    [o / w for o, w in zip(walls["offline"], walls[key])]),
+                "cpu_to_offline": median([c / o for o, c in zip(cpus["offline"], cpus[key])])}
     rows["serve, one request"] = {
         "requests_per_s": one_rate, "p50_ms": None, "p99_ms": None,
-        "ratio_to_offline": one_rate / off_rate,
+        "ratio_to_offline": one_rate / off_rate, **paired("one_request"),
         "mfu": flops / median(walls["one_request"]) / 1e9 / peak}
     for c in levels:
         rate = len(texts) / median(walls[c])
         rows[level_label(c)] = {
             "clients": c, "requests_per_s": rate, "p50_ms": 1e3 * percentile(lats[c], 50),
             "p99_ms": 1e3 * percentile(lats[c], 99), "ratio_to_offline": rate / off_rate,
-            "ratio_to_one_request": rate / one_rate,
+            **paired(c), "ratio_to_one_request": rate / one_rate,
             "mfu": flops / median(walls[c]) / 1e9 / peak}
     short = {"text": SHORT, "offline_median_ms": 1e3 * median(single_off),
              "serve_p50_ms": 1e3 * percentile(single_srv, 50),
@@ -272,12 +295,16 @@ def main() -> None:
     print(f"{len(texts)} texts (8-200 words), {sum(lengths)} tokens, {args.repeats} repeats "
           f"of offline + every level; peak {peak:.0f} GFLOP/s float32")
     print(f"{'setting':<20} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs offline':>10} "
-          f"{'MFU':>6}")
+          f"{'paired':>7} {'CPU s':>6} {'MFU':>6}")
     for label, r in rows.items():
         p50 = "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}"
         p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
+        pair = f"{r['ratio_to_offline_paired']:.2f}x" if "cpu_to_offline" in r else "-"
+        cpu = f"{r['cpu_to_offline']:.2f}x" if "cpu_to_offline" in r else "-"
         print(f"{label:<20} {r['requests_per_s']:>7.1f} {p50:>8} {p99:>8} "
-              f"{r['ratio_to_offline']:>9.2f}x {100 * r['mfu']:>5.1f}%")
+              f"{r['ratio_to_offline']:>9.2f}x {pair:>7} {cpu:>6} {100 * r['mfu']:>5.1f}%")
+    print("paired: the median over repeats of (that repeat's offline wall / this setting's "
+          "wall); CPU s: the server's CPU seconds / offline's, per repeat (median)")
     top = rows[level_label(max(levels))]
     print(f"{max(levels)} clients vs all texts in one request to the same server: "
           f"{top['ratio_to_one_request']:.2f}x (the per-request HTTP cost, free of the "
@@ -292,7 +319,8 @@ def main() -> None:
         "access_log": args.access_log, "client": args.client,
         "dtype": "float32", "peak_gflops": peak, "model_tflop_per_pass": flops / 1e12,
         "flop_formula": FLOP_FORMULA,
-        "seconds": {str(k): v for k, v in walls.items()}, "results": rows,
+        "seconds": {str(k): v for k, v in walls.items()},
+        "cpu_seconds": {str(k): v for k, v in cpus.items()}, "results": rows,
         "short_input": {**short, "offline_s": single_off, "serve_s": single_srv},
         "latency_stdev_ms": {str(c): 1e3 * statistics.pstdev(lats[c]) for c in levels}})
 
