@@ -10,6 +10,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from vllm.config.model import ModelConfig
 from vllm.engine.mm_prompts import ImagePromptsMixin
+from vllm.engine.padding import pad_prompts
 from vllm.engine.st_prompts import PromptType, SentenceTransformersPrompts
 from vllm.logger import init_logger
 
@@ -278,6 +279,11 @@ class InputProcessor(SentenceTransformersPrompts, ImagePromptsMixin):
                              f"{type(prompt).__name__}.")
         out.cache_salt = salt
         return out
+
+    def pad(self, prompts: list[TokenizedPrompt], padding: Optional[str]) -> list[TokenizedPrompt]:
+        """Upstream's `padding` applied to tokenized prompts, up to max_model_len (see
+        vllm.engine.padding); the prompts, padded in place."""
+        return pad_prompts(prompts, padding, self.tokenizer, self.mc.max_model_len)
 
     def tokenize_many(self, prompts: list[PromptType],
                       truncate_prompt_tokens: Optional[int] = None,

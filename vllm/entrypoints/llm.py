@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
-from vllm.engine.padding import pad_prompts, padding_kwarg
+from vllm.engine.padding import padding_kwarg
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.logger import init_logger
 from vllm.entrypoints.quantize import check_precision, load_calibration, quantize
@@ -196,9 +196,8 @@ class LLM:
         if not prompt_list:
             return []
         processor = self.llm_engine.processor
-        tokenized = pad_prompts(processor.tokenize_many(prompt_list, truncate_prompt_tokens,
-                                                        truncation_side),
-                                padding, processor.tokenizer, processor.mc.max_model_len)
+        tokenized = processor.pad(processor.tokenize_many(prompt_list, truncate_prompt_tokens,
+                                                          truncation_side), padding)
         for t in tokenized:
             t.prompt_len = prompt_len
         params_list = _per_prompt(params, PoolingParams, len(prompt_list), "PoolingParams")

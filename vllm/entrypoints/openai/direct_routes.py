@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
@@ -25,7 +25,8 @@ Handler = Callable[[Any, Request], Awaitable[Any]]
 
 
 class DirectRoutes:
-    """path -> (request model, handler, guard) for the POST routes served directly."""
+    """path -> (request model, handler) for the POST routes served directly, behind one
+    route guard."""
 
     def __init__(self, guard: Callable[[str], Any]) -> None:
         """`guard(path)` raises the APIError (503/404) that answers before validation."""
@@ -34,9 +35,6 @@ class DirectRoutes:
 
     def add(self, path: str, model: type[BaseModel], handler: Handler) -> None:
         self._routes[path] = (model, handler)
-
-    def __contains__(self, path: str) -> bool:
-        return path in self._routes
 
     async def dispatch(self, scope: dict, body: bytes, receive: Callable,
                        send: Callable) -> bool:
@@ -69,10 +67,10 @@ class DirectRoutes:
         return True
 
 
-def post_route(router: APIRouter, direct: Optional[DirectRoutes], path: str,
+def post_route(router: APIRouter, direct: DirectRoutes, path: str,
                model: type[BaseModel], handler: Handler, dependencies: list[Any]) -> None:
     """Serve `handler(body: model, request) -> Response` on POST `path`, both as a FastAPI
-    route (with `dependencies`) and, when `direct` is given, directly."""
+    route (with `dependencies`) and directly."""
     async def endpoint(body: Any, request: Request) -> Any:
         return await handler(body, request)
     endpoint.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
@@ -82,5 +80,4 @@ def post_route(router: APIRouter, direct: Optional[DirectRoutes], path: str,
     endpoint.__name__ = "create" + path.replace("/", "_")
     router.add_api_route(path, endpoint, methods=["POST"], dependencies=dependencies,
                          name=endpoint.__name__)
-    if direct is not None:
-        direct.add(path, model, handler)
+    direct.add(path, model, handler)

@@ -133,8 +133,7 @@ class RequestEdge:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # afterwards: wait for the disconnect, as ASGI does
-        if self.direct is not None and scope["path"] in self.direct and \
-                await self.direct.dispatch(scope, body, replay, send):
+        if self.direct is not None and await self.direct.dispatch(scope, body, replay, send):
             return
         await self.app(scope, replay, send)
 

@@ -14,7 +14,6 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
-from vllm.engine.padding import pad_prompts
 from vllm.engine.processor import TextPrompt
 from vllm.entrypoints.openai.direct_routes import DirectRoutes, post_route
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
@@ -239,11 +238,10 @@ class ServingContext:
         if add_special_tokens and padding != "max_length" and \
                 all(isinstance(p, str) for p in prompts) and self.limits.texts_surely_fit(prompts):
             return [TextPrompt(p, k, side) for p in prompts]
-        processor = self.engine.processor
         try:
-            tokenized = pad_prompts(await self.engine.tokenize_prompts(
+            tokenized = self.engine.processor.pad(await self.engine.tokenize_prompts(
                 prompts, truncate_prompt_tokens=k, add_special_tokens=add_special_tokens,
-                truncation_side=side), padding, processor.tokenizer, processor.mc.max_model_len)
+                truncation_side=side), padding)
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", param)) from exc
         self.limits.check_tokens(tokenized, param)
