@@ -3,7 +3,9 @@
 Starts `vllm serve` (MiniLM) in a subprocess, then runs ROUNDS rounds of REQUESTS mixed
 requests (1-4 fresh texts of 8-200 words each; every round new texts) from CLIENTS
 concurrent clients, and reads the server's resident memory (VmRSS) after each round.
-Target: RSS after the last round within 10% of RSS after round 3.
+Target: RSS after the last round within 10% of RSS after round 3. Then the server is left
+idle past its heap trimmer's idle time (`HEAP_TRIM_IDLE_S`) and its RSS read again: the free
+step buffers it kept for reuse while busy go back to the OS.
 
 `--large N...` instead sends one request of N short texts for each N (after a warm-up),
 streams the answer to nowhere, and samples the server's VmRSS every 20 ms: the peak rise
@@ -29,6 +31,8 @@ import vllm  # noqa: F401  (before torch loads, as a user's script)
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bench_serve import Server, _poster  # noqa: E402
+
+from vllm.platforms.cpu_malloc import HEAP_TRIM_IDLE_S  # noqa: E402
 from common import machine_info, make_texts, minilm_dir, write_json  # noqa: E402
 
 
@@ -128,6 +132,9 @@ def main() -> None:
                           "requests_per_s": round(args.requests / wall, 1)})
             print(f"round {r:2d}: RSS {curve[-1]['rss_mib']:7.1f} MiB, "
                   f"{curve[-1]['requests_per_s']:.1f} req/s", flush=True)
+        time.sleep(HEAP_TRIM_IDLE_S + 2)
+        idle_rss = rss_mib(server.proc.pid)
+        print(f"after {HEAP_TRIM_IDLE_S + 2:.0f} s idle: RSS {idle_rss:.1f} MiB")
     finally:
         server.stop()
     ref = curve[min(2, len(curve) - 1)]["rss_mib"]
@@ -137,6 +144,7 @@ def main() -> None:
           f"({'within' if ok else 'OVER'} the 10% target)")
     write_json("bench_soak", {"machine": machine_info(), "args": vars(args),
                               "start_rss_mib": start_rss, "curve": curve,
+                              "idle_rss_mib": idle_rss,
                               "growth_vs_round3": growth, "target_met": ok})
 
 

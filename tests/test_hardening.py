@@ -383,34 +383,59 @@ def test_per_request_caps_are_a_400_naming_the_limit(minilm_engine):
 
 
 # ----- memory ------------------------------------------------------------------------------
-def test_heap_trimmer_runs_at_most_once_per_interval():
+def test_heap_trimmer_waits_for_idleness_and_keeps_its_interval():
     from vllm.platforms.cpu_malloc import HeapTrimmer
     calls = []
-    trimmer = HeapTrimmer(lambda pad: calls.append(pad) or 1, interval_s=0.05)
-    trimmer()
-    assert calls == []          # not before the interval has passed
-    time.sleep(0.06)
-    trimmer()
+    trimmer = HeapTrimmer(lambda pad: calls.append(pad) or 1, idle_s=0.5, interval_s=10.0)
+    assert trimmer.delay() == 0.5       # never trimmed: after half a second of idleness
     trimmer()
     assert calls == [0] and trimmer.num_trims == 1
+    assert 9.0 < trimmer.delay() <= 10.0  # the next one keeps the interval
     real = HeapTrimmer.create()
-    assert real is not None     # glibc here
-    real._last -= 3600
-    real()                      # the real malloc_trim(0) runs and returns
+    assert real is not None             # glibc here
+    real()                              # the real malloc_trim(0) runs and returns
     assert real.num_trims == 1
 
 
-def test_a_drained_engine_runs_its_housekeeping():
+class _IdleProbe:
+    """An IdleTask that records when it ran."""
+
+    def __init__(self, delay: float) -> None:
+        self._delay, self.runs = delay, []
+
+    def delay(self) -> float:
+        return self._delay
+
+    def __call__(self) -> None:
+        self.runs.append(time.monotonic())
+
+
+def test_the_engine_runs_its_housekeeping_when_idle_never_while_busy():
+    """Back-to-back requests for 0.6 s never leave the engine idle 0.3 s: no run. Once they
+    stop, it runs once after 0.3 s, and not again until a step has run."""
     from test_async_llm import FakeEngine
     from vllm.engine.async_llm import AsyncLLM
-    drained = []
-    llm = AsyncLLM(FakeEngine(), on_drained=lambda: drained.append(1))
+    probe = _IdleProbe(0.3)
+    llm = AsyncLLM(FakeEngine(), on_idle=probe)
+
+    async def traffic() -> None:
+        end, i = time.monotonic() + 0.6, 0
+        while time.monotonic() < end:
+            await llm.encode("p", None, f"r{i}")
+            i += 1
     try:
-        asyncio.run(llm.encode("p", None, "a"))
-        deadline = time.monotonic() + 5
-        while not drained and time.monotonic() < deadline:
+        asyncio.run(traffic())
+        stopped = time.monotonic()
+        assert probe.runs == []
+        deadline = stopped + 5
+        while not probe.runs and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert drained
+        assert len(probe.runs) == 1 and probe.runs[0] - stopped >= 0.25
+        time.sleep(0.7)
+        assert len(probe.runs) == 1     # no step since: nothing to tidy
+        asyncio.run(llm.encode("p", None, "again"))
+        time.sleep(0.6)
+        assert len(probe.runs) == 2
     finally:
         llm.shutdown()
 

@@ -38,6 +38,7 @@ from vllm.engine.processor import TextPrompt
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
 from vllm.platforms import platform_for
+from vllm.platforms.interface import IdleTask
 from vllm.pooling_params import PoolingParams
 
 logger = init_logger(__name__)
@@ -59,21 +60,22 @@ class AsyncLLM(TokenizerFront):
                  build: Optional[Callable[[], Any]] = None,
                  arrival_window: Optional[ArrivalWindow] = ArrivalWindow(),
                  tokenize_between_steps: bool = True,
-                 on_drained: Optional[Callable[[], None]] = None,
+                 on_idle: Optional["IdleTask"] = None,
                  bounded_backlog: bool = False) -> None:
         """Serve `engine`, or the engine `build()` returns: `build` runs on the engine
         thread (which then starts at once) and its exception is raised here.
         `arrival_window=None` starts every step at once. `tokenize_between_steps=False`
         tokenizes texts on the tokenizer thread as they arrive, overlapping the running
-        step (for devices whose steps leave the host's cores free). `on_drained` runs on
-        the engine thread after each step that finished requests, busy or drained
-        (housekeeping, e.g. heap trims, that limits its own rate). `bounded_backlog`: the
+        step (for devices whose steps leave the host's cores free). `on_idle` runs on the
+        engine thread once the engine has had no work for `on_idle.delay()` seconds after
+        steps that finished requests (housekeeping, e.g. heap trims, kept out of busy
+        periods: it would slow the steps that follow). `bounded_backlog`: the
         engine gets at most BACKLOG_STEPS x max_num_seqs waiting prompts at a time."""
         if (engine is None) == (build is None):
             raise TypeError("AsyncLLM needs exactly one of engine and build.")
         self._window = arrival_window
         self._tokenize_between_steps = tokenize_between_steps
-        self._on_drained = on_drained
+        self._on_idle = on_idle
         self._inbox = Inbox()
         self._bounded, self._backlog = bounded_backlog, None
         self._error: Optional[BaseException] = None
@@ -119,7 +121,7 @@ class AsyncLLM(TokenizerFront):
         return cls(build=lambda: LLMEngine.from_engine_args(engine_args),
                    arrival_window=ArrivalWindow() if policy.arrival_window else None,
                    tokenize_between_steps=policy.tokenize_between_steps,
-                   on_drained=platform.on_drained(), bounded_backlog=True)
+                   on_idle=platform.on_idle(), bounded_backlog=True)
 
     # ----- health -------------------------------------------------------------------
     @property
@@ -232,14 +234,19 @@ class AsyncLLM(TokenizerFront):
                 return
             finally:
                 self._built.set()
-        busy = False
+        busy, idle_due = False, False
         try:
             while True:
                 room = None if self._backlog is None else \
                     self._backlog - self.engine.num_waiting
-                work = self._inbox.next_work(busy, room)
+                timeout = self._on_idle.delay() if idle_due and not busy else None
+                work = self._inbox.next_work(busy, room, timeout)
                 if work is None:
                     break
+                if timeout is not None and work == ([], []):  # idle that long
+                    idle_due = False
+                    self._on_idle()
+                    continue
                 self._admit(*work)
                 finished = 0
                 try:
@@ -249,8 +256,7 @@ class AsyncLLM(TokenizerFront):
                     if not self._engine_works():
                         raise
                 busy = self.engine.has_unfinished_requests()
-                if finished and self._on_drained is not None:
-                    self._on_drained()
+                idle_due = idle_due or (finished > 0 and self._on_idle is not None)
                 if finished and not busy and self._window is not None:
                     self._inbox.await_arrivals(finished, self._window)
         except BaseException as exc:  # the engine itself failed: every request fails

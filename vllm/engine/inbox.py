@@ -84,14 +84,19 @@ class Inbox:
             self.cv.notify()
 
     # ----- the engine loop --------------------------------------------------------------
-    def next_work(self, busy: bool, room: Optional[int] = None
+    def next_work(self, busy: bool, room: Optional[int] = None,
+                  timeout: Optional[float] = None
                   ) -> Optional[tuple[list[str], list[tuple[str, Pending]]]]:
-        """Wait for work unless `busy`; None once stopping. Else (aborts to apply, the
-        queued requests the engine takes now, oldest first, marked added): all of them,
-        or at most `room`."""
+        """Wait for work unless `busy` (at most `timeout` seconds, then ([], [])); None
+        once stopping. Else (aborts to apply, the queued requests the engine takes now,
+        oldest first, marked added): all of them, or at most `room`."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
         with self.cv:
             while not (self.stopping or self._queued or self._aborts or busy):
-                self.cv.wait()
+                if deadline is None:
+                    self.cv.wait()
+                elif not self.cv.wait(max(0.0, deadline - time.perf_counter())):
+                    return [], []  # idle for `timeout`: the caller's housekeeping
             if self.stopping:
                 return None
             aborts, self._aborts = self._aborts, []

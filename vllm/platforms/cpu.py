@@ -22,7 +22,7 @@ import torch
 from vllm import envs
 from vllm.logger import init_logger
 from vllm.platforms import cpu_malloc
-from vllm.platforms.interface import GiB, Platform, ServingPolicy
+from vllm.platforms.interface import GiB, IdleTask, Platform, ServingPolicy
 from vllm.platforms.process import SHAPE_CACHE_ENVS
 
 logger = init_logger(__name__)
@@ -85,8 +85,8 @@ class CpuPlatform(Platform):
     def prepare_server(self) -> None:
         cpu_malloc.share_heap_across_threads()
 
-    def on_drained(self) -> Optional[Callable[[], None]]:
-        return cpu_malloc.HeapTrimmer.create()  # return free heap pages now and then
+    def on_idle(self) -> Optional[IdleTask]:
+        return cpu_malloc.HeapTrimmer.create()  # free heap pages back to the OS when idle
 
     def kv_cache_bytes(self, cache_config, profile: Callable[[], int]) -> int:
         if cache_config.cpu_kvcache_space_bytes is not None:

@@ -89,49 +89,54 @@ def share_heap_across_threads() -> bool:
     return _shared
 
 
-# How often a drained server engine returns the heap's free pages to the OS.
+# A server engine returns the heap's free pages to the OS once it has been idle this long
+# after steps (longer than a pause between bursts of traffic, whose next step would fault
+# the pages back in), and at most once per interval.
+HEAP_TRIM_IDLE_S = 10.0
 HEAP_TRIM_INTERVAL_S = 10.0
 
 
 class HeapTrimmer:
-    """glibc's malloc_trim(0), at most once per `interval_s`, for a server engine that has
-    just finished requests (drained, or still busy). With the raised thresholds the heap
-    never shrinks by itself, and a server
-    meets ever-new mixes of buffer sizes (steps of 1 to 128 prompts, responses of any size)
-    among long-lived small objects on the same heap, so its free holes only grew: resident
-    memory climbed round after round of steady traffic. malloc_trim hands the free pages
-    inside the heap back (MADV_DONTNEED) and keeps the address space, so what stays
-    resident is what is in use; the pages a later step touches again fault back in.
+    """glibc's malloc_trim(0) for a server engine that has had no work for `idle_s` after
+    steps, at most once per `interval_s` (the server's `IdleTask`). With the raised
+    thresholds the heap never shrinks by itself; malloc_trim hands the free pages inside
+    it back (MADV_DONTNEED) and keeps the address space, so what stays resident after a
+    burst of traffic or one huge request is what is in use.
 
-    It runs while the engine is busy too: one 10k-input request keeps it busy for minutes,
-    and each step leaves its outputs (kept until the answer is sent) among the holes of its
-    freed buffers, so the next step's buffers took fresh pages: the server's peak RSS rose
-    by 125 MiB for a 3k-input request, by 50-58 MiB with trims every 10 s meanwhile
-    (benchmarks/README.md, issue 17 item 4)."""
+    Only when idle: the pages a later step touches fault back in (a MiniLM server's
+    ~300 MiB of free step buffers, 450 -> 750 MiB of RSS again within one step of 128
+    texts). Trimming every 10 s while busy (issue 17 item 4) cost sustained traffic 3-7%:
+    two servers side by side, 5 interleaved rounds of 512 texts, 32 clients 0.927x ->
+    0.978x of offline `LLM.embed`, all texts in one request 0.902x -> 0.962x, the server's
+    CPU seconds -3% / -6% (benchmarks/README.md, session 14). The price is a higher peak
+    inside one long request (its freed step buffers stay resident until it ends)."""
 
-    def __init__(self, trim: Callable[[int], int], interval_s: float) -> None:
+    def __init__(self, trim: Callable[[int], int], idle_s: float = HEAP_TRIM_IDLE_S,
+                 interval_s: float = HEAP_TRIM_INTERVAL_S) -> None:
         self._trim = trim
-        self.interval_s = interval_s
-        self._last = time.monotonic()
+        self.idle_s, self.interval_s = idle_s, interval_s
+        self._last = -float("inf")
         self.num_trims = 0
 
     @classmethod
-    def create(cls, interval_s: float = HEAP_TRIM_INTERVAL_S) -> Optional["HeapTrimmer"]:
+    def create(cls, **kwargs: float) -> Optional["HeapTrimmer"]:
         """None where malloc_trim is not available (not glibc) or tuning is off."""
         if _mallopt() is None:
             return None
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            return cls(libc.malloc_trim, interval_s)
+            return cls(libc.malloc_trim, **kwargs)
         except (OSError, AttributeError):
             return None
 
+    def delay(self) -> float:
+        """Idle seconds before the next trim: `idle_s`, or longer to keep the interval."""
+        return max(self.idle_s, self._last + self.interval_s - time.monotonic())
+
     def __call__(self) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.interval_s:
-            self._trim(0)
-            self._last = time.monotonic()
-            self.num_trims += 1
+        self._trim(0)
+        self._last = time.monotonic()
+        self.num_trims += 1
 
 
 def huge_page_buffers() -> bool:

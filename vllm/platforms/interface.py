@@ -9,7 +9,7 @@ Models, the runner and the server ask it; none of them tests the device itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Protocol, Sequence
 
 import torch
 
@@ -30,6 +30,15 @@ class ServingPolicy:
     arrival_window: bool          # a drained engine waits a few ms for the next step's requests
     tokenize_between_steps: bool  # texts tokenized by the engine loop between steps (True),
     #                               or on the tokenizer thread while a step runs (False)
+
+
+class IdleTask(Protocol):
+    """Housekeeping the server's engine thread runs when it has had nothing to do."""
+
+    def delay(self) -> float:
+        """Seconds of idleness (from now, after steps) before the task should run."""
+
+    def __call__(self) -> None: ...
 
 
 class Platform:
@@ -70,9 +79,9 @@ class Platform:
     def prepare_server(self) -> None:
         """Before the server's engine thread starts (process-wide settings)."""
 
-    def on_drained(self) -> Optional[Callable[[], None]]:
-        """What the server's engine thread runs after each step that finished requests
-        (None: nothing); it limits its own rate."""
+    def on_idle(self) -> Optional["IdleTask"]:
+        """What the server's engine thread runs once it has been idle for the task's
+        `delay()` after steps that finished requests (None: nothing)."""
         return None
 
     # ----- KV cache ---------------------------------------------------------------------
