@@ -38,6 +38,7 @@ from vllm.engine.processor import TextPrompt
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
 from vllm.platforms import platform_for
+from vllm.platforms.helper_threads import serial_torch_here
 from vllm.platforms.interface import IdleTask
 from vllm.pooling_params import PoolingParams
 
@@ -81,7 +82,8 @@ class AsyncLLM(TokenizerFront):
         self._error: Optional[BaseException] = None
         self._dead_callbacks: list[Callable[[], None]] = []
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1,
-                                                  thread_name_prefix="vllm-tokenizer")
+                                                  thread_name_prefix="vllm-tokenizer",
+                                                  initializer=serial_torch_here)
         self._thread = threading.Thread(target=self._run, args=(build,),
                                         name="vllm-engine-loop", daemon=True)
         if build is not None:

@@ -29,6 +29,7 @@ from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
 from vllm.logger import init_logger
+from vllm.platforms.helper_threads import serial_torch_here
 from vllm.scaleout.router import PrefixRouter
 from vllm.scaleout.wire import unpack
 
@@ -54,7 +55,8 @@ class DPAsyncLLM(TokenizerFront):
         self.processor = InputProcessor(self.model_config, load_tokenizer(self.model_config))
         self.tokenizer = self.processor.tokenizer
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1,
-                                                  thread_name_prefix="vllm-tokenizer")
+                                                  thread_name_prefix="vllm-tokenizer",
+                                                  initializer=serial_torch_here)
         self.backend = backend
         self.size = size
         caching = bool(vllm_config.cache_config.enable_prefix_caching)

@@ -25,6 +25,7 @@ from vllm.entrypoints.openai.metrics import MetricsMiddleware, ServerMetrics
 from vllm.entrypoints.openai.serving_engine import COMMON_ROUTES, ROUTE_TASKS, ServingContext
 from vllm.entrypoints.openai.serving_limits import ServingLimits
 from vllm.logger import init_logger
+from vllm.platforms.helper_threads import serial_torch_here
 from vllm.version import __version__
 
 logger = init_logger(__name__)
@@ -131,7 +132,12 @@ def _add_edge(app: FastAPI, ctx: ServingContext, args: Any) -> None:
 
 class _Server(uvicorn.Server):
     """uvicorn that stops gracefully on SIGINT/SIGTERM and returns instead of re-raising
-    the signal, so the engine is shut down and the process exits 0."""
+    the signal, so the engine is shut down and the process exits 0. Its event loop's
+    thread runs torch ops without an OpenMP team (`helper_threads`)."""
+
+    async def serve(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        serial_torch_here()
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.should_exit:

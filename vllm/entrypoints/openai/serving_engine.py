@@ -19,6 +19,7 @@ from vllm.entrypoints.openai.direct_routes import DirectRoutes, post_route
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
                                            internal_error)
 from vllm.entrypoints.openai.serving_limits import ServingLimits
+from vllm.platforms.helper_threads import serial_torch_here
 from vllm.pooling_params import PoolingParams
 
 # Which engine task each pooling route needs; the other routes work for every model.
@@ -60,10 +61,13 @@ def streamed_list_response(shell: BaseModel, items: Iterator[BaseModel]) -> Resp
     assert head.endswith('"data":[]}'), "the list response must end with its data"
     head = head[:-2]
 
-    def chunks() -> Iterator[bytes]:
+    def chunks() -> Iterator[bytes]:  # resumed on any of AnyIO's worker threads
+        serial_torch_here()
         yield head.encode()
-        for i, item in enumerate(items):
+        serial_torch_here()
+        for i, item in enumerate(items):  # an item is built (tensors cast) as it is taken
             yield (("," if i else "") + item.model_dump_json()).encode()
+            serial_torch_here()
         yield b"]}"
     return StreamingResponse(chunks(), media_type="application/json")
 

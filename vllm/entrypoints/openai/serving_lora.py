@@ -21,6 +21,7 @@ from vllm.entrypoints.openai.lora_args import LoRAModulePath
 from vllm.logger import init_logger
 from vllm.lora.peft_config import AdapterNotFoundError
 from vllm.lora.request import LoRARequest
+from vllm.platforms.helper_threads import serial_torch_here
 
 logger = init_logger(__name__)
 
@@ -94,6 +95,7 @@ class LoRARegistry:
 def check(engine: Any, request: LoRARequest) -> None:
     """The engine's checks of an adapter, answered as upstream answers a failed load: 404
     when the directory holds no adapter, else 500 with the engine's reason."""
+    serial_torch_here()  # on a worker thread: no OpenMP team beside the engine's
     try:
         engine.check_lora(request)
     except AdapterNotFoundError as exc:
