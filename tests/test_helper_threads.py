@@ -76,7 +76,7 @@ def test_serving_token_outputs_starts_no_second_openmp_team(minilm_dir):
         assert floats.shape == ref.shape and (floats - ref).abs().max() < 1e-2
         many = server.post("/pooling", {"input": [WORDS] * 300, "embed_dtype": "float16"})
         assert many.status_code == 200 and len(many.json()["data"]) == 300
-        assert native_only_threads() == before
+        assert native_only_threads() <= before  # no OpenMP worker was added
     finally:
         server.close()
         engine.shutdown()
