@@ -51,7 +51,7 @@ def test_a_serial_helper_thread_starts_no_openmp_team():
     torch.add(torch.ones(400_000), 1)  # this thread's own team exists first
     before = native_only_threads()
     count, helper_threads = _threads_while_helper_alive(guard=True)
-    assert helper_threads == 1 and count == before
+    assert helper_threads == 1 and count <= before
     assert torch.get_num_threads() == max(1, torch.get_num_threads())  # ours untouched
     if torch.get_num_threads() > 1:  # unguarded, the same work adds a team's worker(s)
         count, helper_threads = _threads_while_helper_alive(guard=False)
