@@ -49,10 +49,10 @@ def _threads_while_helper_alive(guard: bool) -> tuple[int, int]:
 
 def test_a_serial_helper_thread_starts_no_openmp_team():
     torch.add(torch.ones(400_000), 1)  # this thread's own team exists first
-    before = native_only_threads()
+    before, ours = native_only_threads(), torch.get_num_threads()
     count, helper_threads = _threads_while_helper_alive(guard=True)
     assert helper_threads == 1 and count <= before
-    assert torch.get_num_threads() == max(1, torch.get_num_threads())  # ours untouched
+    assert torch.get_num_threads() == ours  # only the helper thread went serial
     if torch.get_num_threads() > 1:  # unguarded, the same work adds a team's worker(s)
         count, helper_threads = _threads_while_helper_alive(guard=False)
         assert helper_threads > 1 and count > before
