@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
 from vllm.engine.futures import Pending, resolve, resolve_outputs
-from vllm.engine.inbox import ArrivalWindow, Inbox
+from vllm.engine.inbox import IDLE, ArrivalWindow, Inbox
 from vllm.engine.processor import TextPrompt
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
@@ -61,7 +61,7 @@ class AsyncLLM(TokenizerFront):
                  build: Optional[Callable[[], Any]] = None,
                  arrival_window: Optional[ArrivalWindow] = ArrivalWindow(),
                  tokenize_between_steps: bool = True,
-                 on_idle: Optional["IdleTask"] = None,
+                 on_idle: Optional[IdleTask] = None,
                  bounded_backlog: bool = False) -> None:
         """Serve `engine`, or the engine `build()` returns: `build` runs on the engine
         thread (which then starts at once) and its exception is raised here.
@@ -245,7 +245,7 @@ class AsyncLLM(TokenizerFront):
                 work = self._inbox.next_work(busy, room, timeout)
                 if work is None:
                     break
-                if timeout is not None and work == ([], []):  # idle that long
+                if work is IDLE:  # idle for `timeout`
                     idle_due = False
                     self._on_idle()
                     continue

@@ -24,6 +24,10 @@ class ArrivalWindow:
     cap: float = 0.030  # and never wait longer than this after the step
 
 
+# What `Inbox.next_work` returns when its timeout passed with nothing to do.
+IDLE: tuple = ((), ())  # immutable: only ever compared by identity
+
+
 class Inbox:
     """Prompts submitted to AsyncLLM and not yet answered (see the module docstring)."""
 
@@ -87,7 +91,7 @@ class Inbox:
     def next_work(self, busy: bool, room: Optional[int] = None,
                   timeout: Optional[float] = None
                   ) -> Optional[tuple[list[str], list[tuple[str, Pending]]]]:
-        """Wait for work unless `busy` (at most `timeout` seconds, then ([], [])); None
+        """Wait for work unless `busy` (at most `timeout` seconds, then IDLE); None
         once stopping. Else (aborts to apply, the queued requests the engine takes now,
         oldest first, marked added): all of them, or at most `room`."""
         deadline = None if timeout is None else time.perf_counter() + timeout
@@ -96,7 +100,7 @@ class Inbox:
                 if deadline is None:
                     self.cv.wait()
                 elif not self.cv.wait(max(0.0, deadline - time.perf_counter())):
-                    return [], []  # idle for `timeout`: the caller's housekeeping
+                    return IDLE  # idle for `timeout`: the caller's housekeeping
             if self.stopping:
                 return None
             aborts, self._aborts = self._aborts, []

@@ -16,23 +16,22 @@ work (casting a token-level output, a ColBERT MaxSim) is small next to a step.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Optional
 
-_local = threading.local()
-_omp_lib: list[Optional[ctypes.CDLL]] = []
+_local = threading.local()  # .serial: this thread's answer, once asked
 
 
+@functools.cache
 def _libgomp() -> Optional[ctypes.CDLL]:
     """The OpenMP runtime torch loaded (same SONAME, so dlopen returns that copy)."""
-    if not _omp_lib:
-        try:
-            lib = ctypes.CDLL("libgomp.so.1")
-            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-            _omp_lib.append(lib)
-        except (OSError, AttributeError):
-            _omp_lib.append(None)
-    return _omp_lib[0]
+    try:
+        lib = ctypes.CDLL("libgomp.so.1")
+        lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+        return lib
+    except (OSError, AttributeError):
+        return None
 
 
 def serial_torch_here() -> bool:

@@ -79,7 +79,7 @@ class Platform:
     def prepare_server(self) -> None:
         """Before the server's engine thread starts (process-wide settings)."""
 
-    def on_idle(self) -> Optional["IdleTask"]:
+    def on_idle(self) -> Optional[IdleTask]:
         """What the server's engine thread runs once it has been idle for the task's
         `delay()` after steps that finished requests (None: nothing)."""
         return None
