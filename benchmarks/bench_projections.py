@@ -47,8 +47,9 @@ def main() -> None:
     layers = []
     for _ in range(6):
         for k, n in SHAPES:
-            packed = pack_weight(torch.randn(n, k) / k ** 0.5)
-            layers.append((k, n, packed, torch.randn(n), skinny_weight(kernel, packed, n, k)))
+            weight = torch.randn(n, k) / k ** 0.5
+            packed = pack_weight(weight)
+            layers.append((k, n, packed, torch.randn(n), skinny_weight(kernel, packed, weight)))
     assert all(sw is not None for *_, sw in layers), "oneDNN's layout is not the kernel's"
     onednn = torch.ops.mkldnn._linear_pointwise
 

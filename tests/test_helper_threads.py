@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from servers import Server, _engine
 
-from vllm.platforms.helper_threads import serial_torch_here
+from vllm.platforms.helper_threads import serial_torch, serial_torch_here
 
 WORDS = "word " * 120  # MiniLM: 122 tokens x 384 > torch's 32768-element grain: a parallel cast
 
@@ -56,6 +56,28 @@ def test_a_serial_helper_thread_starts_no_openmp_team():
     if torch.get_num_threads() > 1:  # unguarded, the same work adds a team's worker(s)
         count, helper_threads = _threads_while_helper_alive(guard=False)
         assert helper_threads > 1 and count > before
+
+
+def test_a_borrowed_thread_gets_its_thread_count_back():
+    """`serial_torch()` (the caller's thread, lent to uvicorn or the start-up adapter check):
+    serial inside, the caller's own count again after, even when the body raised."""
+    seen: list[tuple[int, int, int]] = []
+
+    def borrowed() -> None:
+        before = torch.get_num_threads()
+        try:
+            with serial_torch():
+                inside = torch.get_num_threads()
+                raise KeyError("the body fails")
+        except KeyError:
+            pass
+        seen.append((before, inside, torch.get_num_threads()))
+    thread = threading.Thread(target=borrowed)
+    thread.start()
+    thread.join()
+    before, inside, after = seen[0]
+    assert (inside, after) == (1, before)
+    assert before == torch.get_num_threads()  # a new thread starts at the process's count
 
 
 def test_serving_token_outputs_starts_no_second_openmp_team(minilm_dir):

@@ -14,7 +14,13 @@ from vllm.model_executor.layers import int8_linear as i8
 from vllm.platforms.cpu import INT8_FLAGS
 
 HAS_INT8_DOT = bool(cpu_kernels.cpu_flags() & set(INT8_FLAGS))
-needs_int8_dot = pytest.mark.skipif(not HAS_INT8_DOT, reason="the CPU has no VNNI / AMX-INT8")
+# oneDNN under ONEDNN_MAX_CPU_ISA=AVX2 on a VNNI CPU: its int8 GEMM saturates (refused below)
+EXACT_INT_MM = i8.int8_gemm_exact()
+needs_int8_dot = pytest.mark.skipif(not (HAS_INT8_DOT and EXACT_INT_MM),
+                                    reason="the CPU has no VNNI / AMX-INT8, or torch's int8 "
+                                    "GEMM is not exact here (ONEDNN_MAX_CPU_ISA)")
+needs_exact_int_mm = pytest.mark.skipif(not EXACT_INT_MM, reason="torch's int8 GEMM is not "
+                                        "exact in this process (ONEDNN_MAX_CPU_ISA)")
 SIMD = {"avx512f"} <= cpu_kernels.cpu_flags() or {"avx2", "fma"} <= cpu_kernels.cpu_flags()
 
 
@@ -64,6 +70,7 @@ def _exact(x, w: i8.Int8Weight, b):
 
 
 @pytest.mark.parametrize("use_kernels", [True, False])
+@needs_exact_int_mm
 def test_every_gemm_entry_point_is_exact_on_the_quantized_values(kernels, use_kernels):
     gemm = i8.Int8Gemm(kernels if use_kernels else None)
     g = torch.Generator().manual_seed(1)
@@ -135,11 +142,37 @@ def test_int8_refused_without_int8_dot_products(minilm_dir, monkeypatch):
         LLM(minilm_dir, quantization="int8")
 
 
+def _saturating_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """An int8 GEMM that adds pairs of products in int16 with saturation, as oneDNN does
+    when it runs without int8 dot products (its u8 x s8 form: a shifted by 128)."""
+    u = a.long() + 128
+    pairs = (u[:, 0::2, None] * b.long()[0::2] + u[:, 1::2, None] * b.long()[1::2])
+    acc = pairs.clamp(-32768, 32767).sum(1) - 128 * b.long().sum(0)
+    return acc.to(torch.int32)
+
+
+def test_int8_refused_where_the_int8_gemm_is_not_exact(minilm_dir, monkeypatch):
+    """A VNNI CPU whose oneDNN dispatches without VNNI (ONEDNN_MAX_CPU_ISA=AVX2) gave
+    saturated sums, so wrong int8 numbers: the self-check catches it and LLM refuses."""
+    from vllm import LLM
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx2", "fma", "avx512_vnni"})
+    monkeypatch.setattr(torch, "_int_mm", _saturating_int_mm)
+    i8._int_mm_exact.cache_clear()
+    try:
+        assert not i8.int8_gemm_exact()
+        with pytest.raises(ValueError, match="int8 GEMM is not exact.*ONEDNN_MAX_CPU_ISA"):
+            LLM(minilm_dir, quantization="int8")
+    finally:
+        monkeypatch.undo()
+        i8._int_mm_exact.cache_clear()
+    assert i8.int8_gemm_exact() == EXACT_INT_MM
+
+
 def test_bad_quantization_settings_are_clear_errors(minilm_dir):
     from vllm import LLM
     with pytest.raises(ValueError, match="quantization='awq' is not supported; use 'int8'"):
         LLM(minilm_dir, quantization="awq")
-    if HAS_INT8_DOT:
+    if HAS_INT8_DOT and EXACT_INT_MM:
         with pytest.raises(ValueError, match="float32 activations; pass dtype='float32'"):
             LLM(minilm_dir, quantization="int8", dtype="bfloat16")
 

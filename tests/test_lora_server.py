@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import lora_factory as lf
+import model_factory as mf
 from servers import Server, _engine
 from test_lora import BERT, DECODER
 from vllm.entrypoints.openai.cli_args import engine_args_from_namespace, parse_serve_args
@@ -84,6 +85,30 @@ def test_runtime_routes_do_not_exist_without_the_variable(static_server, adapter
     for route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         resp = static_server.post(route, {"lora_name": "x", "lora_path": adapters["c"]})
         assert resp.status_code == 404, route
+
+
+def test_static_adapters_leave_the_callers_threads_and_later_engines_exact(
+        lora_engine, adapters, bert_cls_dir):
+    """The order that once broke the suite on AVX2: a server with `--lora-modules` built on
+    this thread (its adapter check set the thread to one OpenMP thread for good), then a
+    cross-encoder built here. The thread keeps its count; the scores equal transformers."""
+    from vllm import LLM
+    before = torch.get_num_threads()
+    server = Server(lora_engine, served_model_name=[BASE], enable_lora=True,
+                    lora_modules=[LoRAModulePath("ad-a", adapters["a"])])
+    try:
+        assert torch.get_num_threads() == before
+    finally:
+        server.close()
+    assert torch.get_num_threads() == before
+    tok = mf.hf_tokenizer(bert_cls_dir)
+    docs = ["Paris is the capital of France.", "the quick brown fox"]
+    got = [o.outputs.score for o in LLM(bert_cls_dir).score("capital of France?", docs)]
+    for doc, score in zip(docs, got):
+        enc = tok("capital of France?", doc)
+        want = mf.probs_from_logits(mf.hf_seqcls_logits(bert_cls_dir, enc["input_ids"],
+                                                        enc["token_type_ids"])).item()
+        assert abs(score - want) < 1e-4
 
 
 def test_runtime_load_and_unload(lora_engine, qwen3_embed_dir, adapters, monkeypatch):

@@ -46,7 +46,7 @@ def test_layout_probe_finds_the_kernels_layout(kernel, n, k):
 def test_kernel_equals_f_linear(kernel, mode, n, k):
     g = torch.Generator().manual_seed(n + k)
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
-    weight = sg.skinny_weight(kernel, lin.pack_weight(w), n, k)
+    weight = sg.skinny_weight(kernel, lin.pack_weight(w), w)
     assert weight is not None
     for rows in range(1, sg.MAX_ROWS + 1, 3):
         # x and other as strided views (rows of a wider tensor), as models hand them over
@@ -62,12 +62,12 @@ def test_kernel_equals_f_linear(kernel, mode, n, k):
 
 def test_kernel_refuses_bad_operands(kernel):
     w = torch.randn(64, 32)
-    weight = sg.skinny_weight(kernel, lin.pack_weight(w), 64, 32)
+    weight = sg.skinny_weight(kernel, lin.pack_weight(w), w)
     with pytest.raises(RuntimeError, match=r"x must be float32 \[M, 32\]"):
         weight(torch.randn(2, 31))
     with pytest.raises(RuntimeError, match=r"other must be float32 \[2, 64\]"):
         weight(torch.randn(2, 32), None, "add", torch.randn(3, 64))
-    assert sg.skinny_weight(kernel, w, 64, 32) is None   # a plain weight: not packed
+    assert sg.skinny_weight(kernel, w, w) is None   # a plain weight: not packed
 
 
 def _model():
@@ -97,7 +97,7 @@ def test_bound_layers_use_it_up_to_max_rows(kernel, rows):
         calls.append(args[0].shape[0])
         return kernel(*args)
     counting.tile_width = kernel.tile_width
-    factory = lambda packed, n, k: sg.skinny_weight(counting, packed, n, k)  # noqa: E731
+    factory = lambda packed, w: sg.skinny_weight(counting, packed, w)  # noqa: E731
     with torch.inference_mode():
         lin.bind_linear(model, lin.ONEDNN, factory)
         lin.bind_linear(reference, lin.ONEDNN)

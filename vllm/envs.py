@@ -65,6 +65,9 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_CPU_KERNELS": EnvVar("1", _flag, "0: never use the C++ kernels in csrc/."),
     "VLLM_CPU_KERNELS_JIT": EnvVar("0", _flag, "1 (developers): where the C++ kernels were "
                                    "not built at install, build them with CMake on first use."),
+    "VLLM_CPU_KERNELS_LIB": EnvVar(None, _str, "A kernel library to load instead of the "
+                                   "installed one (developers: e.g. an AVX2 build, CMake's "
+                                   "-DVLLM_CPU_ARCH=x86-64-v3, tested on an AVX-512 CPU)."),
     "VLLM_CPU_ONEDNN_LINEAR": EnvVar("1", _flag, "0: CPU projections use F.linear, not oneDNN."),
     "VLLM_CPU_SKINNY_GEMM": EnvVar("1", _flag, "0: float32 projections of at most 64 rows "
                                    "use oneDNN, not the C++ kernel that reads its packed weights."),

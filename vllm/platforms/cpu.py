@@ -124,12 +124,19 @@ class CpuPlatform(Platform):
         """int8 needs int8 dot products in hardware (VNNI or AMX-INT8): without them an int8
         GEMM is slower than float32, so it is refused rather than run."""
         from vllm.model_executor.layers.cpu_kernels import cpu_flags
+        from vllm.model_executor.layers.int8_linear import int8_gemm_exact
         have = cpu_flags() & set(INT8_FLAGS)
         if not have:
             raise ValueError(
                 f"quantization={method!r} needs a CPU with int8 dot-product instructions "
                 f"({', '.join(INT8_FLAGS.values())}); this CPU has none of them. Leave "
                 "quantization unset to run float32.")
+        if not int8_gemm_exact():
+            raise ValueError(
+                f"quantization={method!r}: torch's oneDNN int8 GEMM is not exact in this "
+                "process (it saturates: oneDNN runs without int8 dot products, e.g. under "
+                "ONEDNN_MAX_CPU_ISA). Unset ONEDNN_MAX_CPU_ISA or leave quantization unset "
+                "to run float32.")
 
     def int8_gemm(self):
         from vllm.model_executor.layers.cpu_kernels import cpu_flags, int8_kernels, \

@@ -25,7 +25,7 @@ from vllm.entrypoints.openai.metrics import MetricsMiddleware, ServerMetrics
 from vllm.entrypoints.openai.serving_engine import COMMON_ROUTES, ROUTE_TASKS, ServingContext
 from vllm.entrypoints.openai.serving_limits import ServingLimits
 from vllm.logger import init_logger
-from vllm.platforms.helper_threads import serial_torch_here
+from vllm.platforms.helper_threads import serial_torch
 from vllm.version import __version__
 
 logger = init_logger(__name__)
@@ -136,8 +136,8 @@ class _Server(uvicorn.Server):
     thread runs torch ops without an OpenMP team (`helper_threads`)."""
 
     async def serve(self, sockets: Optional[list[socket.socket]] = None) -> None:
-        serial_torch_here()
-        await super().serve(sockets)
+        with serial_torch():  # the caller's thread: its thread count back on return
+            await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.should_exit:

@@ -21,7 +21,7 @@ from vllm.entrypoints.openai.lora_args import LoRAModulePath
 from vllm.logger import init_logger
 from vllm.lora.peft_config import AdapterNotFoundError
 from vllm.lora.request import LoRARequest
-from vllm.platforms.helper_threads import serial_torch_here
+from vllm.platforms.helper_threads import serial_torch, serial_torch_here
 
 logger = init_logger(__name__)
 
@@ -94,15 +94,22 @@ class LoRARegistry:
 
 def check(engine: Any, request: LoRARequest) -> None:
     """The engine's checks of an adapter, answered as upstream answers a failed load: 404
-    when the directory holds no adapter, else 500 with the engine's reason."""
-    serial_torch_here()  # on a worker thread: no OpenMP team beside the engine's
+    when the directory holds no adapter, else 500 with the engine's reason. Its torch
+    ops start no OpenMP team beside the engine's, and the calling thread keeps its own
+    thread count."""
     try:
-        engine.check_lora(request)
+        with serial_torch():
+            engine.check_lora(request)
     except AdapterNotFoundError as exc:
         raise APIError(404, f"Loading lora {request.lora_name} failed: No adapter found "
                        f"for {request.lora_path}") from exc
     except (ValueError, OSError) as exc:
         raise APIError(500, str(exc)) from exc
+
+
+def _check_on_helper(engine: Any, request: LoRARequest) -> None:
+    serial_torch_here()  # the loop's worker thread: serial for good, as every helper
+    check(engine, request)
 
 
 def load_static(registry: LoRARegistry, engine: Any, modules: list[LoRAModulePath]) -> None:
@@ -121,7 +128,7 @@ def make_router(registry: LoRARegistry, engine: Any) -> APIRouter:
     @router.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Any:
         request = registry.prepare(body.lora_name, body.lora_path, body.load_inplace)
-        await asyncio.to_thread(check, engine, request)
+        await asyncio.to_thread(_check_on_helper, engine, request)
         registry.commit(request)
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.",
                         status_code=200)

@@ -9,6 +9,8 @@ to load, or was built for instructions this CPU lacks, the engine logs one WARNI
 its torch paths; `kernel_status()` says why. `VLLM_CPU_KERNELS_JIT=1` (developers: a
 source checkout on PYTHONPATH) builds a missing library with CMake on first use instead,
 into `$XDG_CACHE_HOME/vllm/cpu_kernels/<hash of the CPU's flags>`, under an OS file lock.
+`VLLM_CPU_KERNELS_LIB=PATH` loads that library instead (an AVX2 build tested on an AVX-512
+CPU: tests/test_packed_threads.py).
 """
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ def jit_build() -> pathlib.Path:
 
 def _find() -> tuple[Optional[pathlib.Path], str]:
     """The library to load, or None and why."""
+    if envs.VLLM_CPU_KERNELS_LIB:
+        chosen = pathlib.Path(envs.VLLM_CPU_KERNELS_LIB)
+        return (chosen, "") if chosen.exists() else (None, f"VLLM_CPU_KERNELS_LIB: no {chosen}")
     if PACKAGED.exists():
         return PACKAGED, ""
     if not envs.VLLM_CPU_KERNELS_JIT:

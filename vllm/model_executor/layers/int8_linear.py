@@ -15,6 +15,7 @@ a small share of the FLOPs, and the heads sit where an error is not averaged awa
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -40,6 +41,29 @@ def quantize_weight(weight: torch.Tensor) -> Int8Weight:
     scale = w.abs().amax(dim=1) / 127.0
     q = torch.round(w / scale.clamp_min(1e-30)[:, None]).clamp_(-127, 127).to(torch.int8)
     return Int8Weight(q.contiguous(), scale.contiguous())
+
+
+def int8_gemm_exact() -> bool:
+    """Whether `torch._int_mm` sums int8 products exactly at this thread count. oneDNN
+    dispatched without int8 dot products (e.g. `ONEDNN_MAX_CPU_ISA=AVX2` on a VNNI CPU)
+    adds pairs of products in int16 with saturation: 127 x 127 operands came back off by
+    1.5 million, random ones by 45 thousand."""
+    return _int_mm_exact(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _int_mm_exact(threads: int) -> bool:
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.randint(-127, 128, (17, 96), generator=g, dtype=torch.int8),
+              torch.randint(-127, 128, (96, 80), generator=g, dtype=torch.int8))]
+    for a, b in ((127, 127), (127, -127), (-127, -127)):
+        cases.append((torch.full((17, 96), a, dtype=torch.int8),
+                      torch.full((96, 80), b, dtype=torch.int8)))
+    try:
+        return all(torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
+                   for a, b in cases)
+    except RuntimeError:
+        return False
 
 
 def _quantize_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,8 +36,9 @@ _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]]
     "silu": ("swish", "", F.silu),
 }
 Weight = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
-# (packed weight, out features, in features) -> a few-row kernel reading it, or None
-SkinnyFactory = Callable[[torch.Tensor, int, int], Optional["SkinnyWeight"]]
+# (packed weight, the plain [out, in] weight it was packed from) -> a few-row kernel
+# reading it, or None
+SkinnyFactory = Callable[[torch.Tensor, torch.Tensor], Optional["SkinnyWeight"]]
 
 
 def _onednn_op():
@@ -227,9 +228,9 @@ class Linear(nn.Linear):
         device and dtype); True if the weight was packed for it. A packed layer's plain
         weight is released: the parameter becomes a meta tensor of the same shape and
         dtype, so any computation with it fails loudly (and the weight loaders refuse to
-        copy into it). Binding a packed layer again keeps its packing. `skinny(packed, n,
-        k)`: a few-row kernel over a packed weight, used up to its row limit where it
-        reads this layer's layout."""
+        copy into it). Binding a packed layer again keeps its packing. `skinny(packed,
+        weight)`: a few-row kernel over a packed weight, used up to its row limit where it
+        reads this layer's layout (checked against the plain weight, before release)."""
         if self.packed is not None:
             return True
         self.gemm = gemm
@@ -239,7 +240,7 @@ class Linear(nn.Linear):
             return False
         self.packed = packed
         if skinny is not None:
-            self.skinny = self._skinny(skinny, packed)
+            self.skinny = self._skinny(skinny, packed, weight)
         self.weight = nn.Parameter(torch.empty_like(weight, device="meta"),
                                    requires_grad=False)
         return True
@@ -247,8 +248,8 @@ class Linear(nn.Linear):
     def _pack(self, gemm: Gemm, weight: torch.Tensor) -> Optional[Weight]:
         return gemm.pack(weight)
 
-    def _skinny(self, skinny: SkinnyFactory, packed: Weight):
-        return skinny(packed, self.out_features, self.in_features)
+    def _skinny(self, skinny: SkinnyFactory, packed: Weight, weight: torch.Tensor):
+        return skinny(packed, weight)
 
 
 class GatedLinear(Linear):
@@ -283,8 +284,8 @@ class GatedLinear(Linear):
         halves = gemm.pack(gate), gemm.pack(up)
         return None if halves[0] is None else halves
 
-    def _skinny(self, skinny: SkinnyFactory, packed: Weight):
-        halves = tuple(skinny(w, self.out_features // 2, self.in_features) for w in packed)
+    def _skinny(self, skinny: SkinnyFactory, packed: Weight, weight: torch.Tensor):
+        halves = tuple(skinny(p, w) for p, w in zip(packed, weight.chunk(2, dim=0)))
         return None if None in halves else halves
 
 

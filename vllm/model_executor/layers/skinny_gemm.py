@@ -20,6 +20,12 @@ The kernel reads oneDNN's blocked layout, which oneDNN does not promise: `packed
 packs the row and the column index of every element of a weight of the same shape and
 reads the copies back, and a layer whose layout is not the one the kernel reads keeps
 oneDNN for every row count. The platform also checks the kernel against `F.linear` once.
+
+oneDNN's choice is not a function of the shape alone: on AVX2 it also follows the packing
+thread's OpenMP thread count ([192, 64]: blocks of 64 columns at one thread, 16 at two).
+So the probe is keyed by the thread count too, and each weight's layout is recorded with
+it (`SkinnyWeight.kp`, `.nb`) only after its own packed copy was read back at that layout
+(`holds`): a copy packed under any other condition keeps oneDNN, never a misread.
 """
 from __future__ import annotations
 
@@ -57,12 +63,18 @@ def _positions(size: int) -> torch.Tensor:
                       torch.randint(0, size, (edge,), generator=g)])
 
 
-@functools.lru_cache(maxsize=None)
 def packed_layout(n: int, k: int) -> Optional[tuple[int, int]]:
-    """(kp, nb) when oneDNN packs a float32 [n, k] weight as blocks of nb output columns,
-    each [kp][nb] with kp >= k (what csrc/skinny_gemm.cpp reads); None otherwise. Found by
-    packing the row index and then the column index of every element and reading back
-    where each landed."""
+    """(kp, nb) when oneDNN, called from this thread now, packs a float32 [n, k] weight as
+    blocks of nb output columns, each [kp][nb] with kp >= k (what csrc/skinny_gemm.cpp
+    reads); None otherwise."""
+    return _probe(n, k, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(n: int, k: int, threads: int) -> Optional[tuple[int, int]]:
+    """`packed_layout` at `threads` OpenMP threads (the caller's count: oneDNN's choice
+    depends on it). Found by packing the row index and then the column index of every
+    element and reading back where each landed."""
     from vllm.model_executor.layers.linear import pack_weight
     found: list[torch.Tensor] = []
     sizes: list[int] = []
@@ -125,13 +137,31 @@ class SkinnyWeight:
                            MODES[mode], other)
 
 
-def skinny_weight(kernel: Callable, packed: torch.Tensor, n: int,
-                  k: int) -> Optional[SkinnyWeight]:
-    """A `SkinnyWeight` over `packed` where its layout is the kernel's, else None."""
-    if packed.dtype != torch.float32 or not packed.is_mkldnn:
+def holds(packed: torch.Tensor, weight: torch.Tensor, kp: int, nb: int) -> bool:
+    """Whether `packed` holds the float32 [n, k] `weight` at the (kp, nb) layout: its
+    values compared exactly where the probe compares (`_positions`); padding not read."""
+    n, k = weight.shape
+    size = -(-n // nb) * nb * kp
+    if torch.ops.mkldnn._nbytes(packed) != 4 * size:
+        return False
+    at = _positions(size)
+    row, col = (at // (kp * nb)) * nb + at % nb, (at % (kp * nb)) // nb
+    inside = (row < n) & (col < k)
+    at, row, col = at[inside], row[inside], col[inside]
+    plain = weight.detach().contiguous()
+    return torch.equal(_packed_buffer(packed)[at], plain.view(-1)[row * k + col])
+
+
+def skinny_weight(kernel: Callable, packed: torch.Tensor,
+                  weight: torch.Tensor) -> Optional[SkinnyWeight]:
+    """A `SkinnyWeight` over `packed` (oneDNN's copy of the plain [n, k] `weight`, packed
+    just now on this thread) where its layout is the kernel's and the copy was read back
+    at that layout, else None."""
+    if packed.dtype != torch.float32 or not packed.is_mkldnn or weight.dim() != 2:
         return None
+    n, k = weight.shape
     layout = packed_layout(n, k)
-    if layout is None or layout[1] % kernel.tile_width:
+    if layout is None or layout[1] % kernel.tile_width or not holds(packed, weight, *layout):
         return None
     return SkinnyWeight(kernel, packed, n, k, *layout)
 
@@ -143,7 +173,7 @@ def kernel_matches_torch(kernel: Callable) -> bool:
     g = torch.Generator().manual_seed(0)
     n, k = 100, 72
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
-    weight = skinny_weight(kernel, pack_weight(w), n, k)
+    weight = skinny_weight(kernel, pack_weight(w), w)
     if weight is None:
         return False
     for rows in (1, 7, MAX_ROWS):
