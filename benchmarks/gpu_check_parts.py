@@ -7,6 +7,8 @@ import json
 import pathlib
 import random
 import tempfile
+import traceback
+from typing import Callable
 
 import torch
 
@@ -75,24 +77,42 @@ def _ok(task: str, value: float, tol: dict, same: bool = False) -> bool:
     return value <= tol[prefix + "prob"] if task == "classify" else value >= tol[prefix + "cos"]
 
 
+def guarded(results: list, name: str, task: str, check: Callable[[], list]) -> None:
+    """Append `check()`'s results, or one failed result holding the traceback: a check
+    that raises (a first run on a new device) leaves the others to run."""
+    try:
+        results.extend(check())
+    except Exception:  # noqa: BLE001 - recorded and reported, never hidden
+        error = traceback.format_exc()
+        print(f"FAIL {name}:\n{error}", flush=True)
+        results.append({"name": name, "task": task, "value": float("nan"), "ok": False,
+                        "error": error[-4000:]})
+
+
 def parity(work: pathlib.Path, device: str, dtypes: list[str], quick: bool) -> list[dict]:
     """Every family vs transformers (float32, CPU), on `device` in each dtype."""
-    results = []
+    results: list[dict] = []
     for name in (QUICK_PARITY if quick else PARITY):
-        task, pooling, bidir = PARITY[name]
-        path = str(mf.build(name, work))
-        tok = mf.hf_tokenizer(path)
-        texts = mf.mixed_prompts(tok)
-        want = [_reference(path, task, pooling, bidir, list(tok(t)["input_ids"]))
-                for t in texts]
-        for dtype in dtypes:
-            llm = LLM(path, device=device, dtype=dtype)
-            value = _agreement(task, _vectors(llm, task, texts), want)
-            results.append({"name": f"parity {name} {dtype}", "task": task, "value": value,
-                            "backend": llm.llm_engine.runner.attention_backend,
-                            "ok": _ok(task, value, TOL[dtype])})
-            _free(llm)
-    results.append(_minilm_parity(device, dtypes))
+        guarded(results, f"parity {name}", PARITY[name][0],
+                lambda name=name: _family_parity(work, device, dtypes, name))
+    guarded(results, "parity minilm", "embed", lambda: [_minilm_parity(device, dtypes)])
+    return results
+
+
+def _family_parity(work: pathlib.Path, device: str, dtypes: list[str], name: str) -> list:
+    task, pooling, bidir = PARITY[name]
+    path = str(mf.build(name, work))
+    tok = mf.hf_tokenizer(path)
+    texts = mf.mixed_prompts(tok)
+    want = [_reference(path, task, pooling, bidir, list(tok(t)["input_ids"])) for t in texts]
+    results = []
+    for dtype in dtypes:
+        llm = LLM(path, device=device, dtype=dtype)
+        value = _agreement(task, _vectors(llm, task, texts), want)
+        results.append({"name": f"parity {name} {dtype}", "task": task, "value": value,
+                        "backend": llm.llm_engine.runner.attention_backend,
+                        "ok": _ok(task, value, TOL[dtype])})
+        _free(llm)
     return results
 
 
@@ -119,29 +139,37 @@ def _shared_prefix_prompts(lo: int, hi: int, seed: int = 0) -> list[list[int]]:
 
 def exactness(work: pathlib.Path, device: str, dtypes: list[str], quick: bool) -> list[dict]:
     """Prefix caching + chunked prefill on vs off: the same numbers, real cache hits."""
-    results = []
+    results: list[dict] = []
     cases = (("qwen3_embed_dir", "embed"), ("qwen3_cls_dir", "classify"))
     for name, task in cases[1:] if quick else cases:
-        path = str(mf.build(name, work))
-        prompts = [{"prompt_token_ids": p} for p in _shared_prefix_prompts(4, 480)]
-        for dtype in dtypes:
-            on = LLM(path, device=device, dtype=dtype, block_size=16,
-                     max_num_batched_tokens=32)
-            off = LLM(path, device=device, dtype=dtype, enable_prefix_caching=False,
-                      enable_chunked_prefill=False)
-            ref = _vectors(off, task, prompts)
-            first = _vectors(on, task, prompts)
-            outs = getattr(on, task)(prompts, use_tqdm=False)
-            second = [torch.tensor(o.outputs.probs if task == "classify"
-                                   else o.outputs.embedding) for o in outs]
-            cached = sum(o.num_cached_tokens for o in outs)
-            value = _agreement(task, first + second, ref + ref)
-            results.append({"name": f"exactness {name} {dtype}", "task": task, "value": value,
-                            "cached_tokens_second_pass": cached,
-                            "backend": on.llm_engine.runner.attention_backend,
-                            "ok": cached > 0 and _ok(task, value, TOL[dtype], same=True)})
-            _free(on)
-            _free(off)
+        guarded(results, f"exactness {name}", task,
+                lambda name=name, task=task: _exactness(work, device, dtypes, name, task))
+    return results
+
+
+def _exactness(work: pathlib.Path, device: str, dtypes: list[str], name: str,
+               task: str) -> list[dict]:
+    results = []
+    path = str(mf.build(name, work))
+    prompts = [{"prompt_token_ids": p} for p in _shared_prefix_prompts(4, 480)]
+    for dtype in dtypes:
+        on = LLM(path, device=device, dtype=dtype, block_size=16,
+                 max_num_batched_tokens=32)
+        off = LLM(path, device=device, dtype=dtype, enable_prefix_caching=False,
+                  enable_chunked_prefill=False)
+        ref = _vectors(off, task, prompts)
+        first = _vectors(on, task, prompts)
+        outs = getattr(on, task)(prompts, use_tqdm=False)
+        second = [torch.tensor(o.outputs.probs if task == "classify"
+                               else o.outputs.embedding) for o in outs]
+        cached = sum(o.num_cached_tokens for o in outs)
+        value = _agreement(task, first + second, ref + ref)
+        results.append({"name": f"exactness {name} {dtype}", "task": task, "value": value,
+                        "cached_tokens_second_pass": cached,
+                        "backend": on.llm_engine.runner.attention_backend,
+                        "ok": cached > 0 and _ok(task, value, TOL[dtype], same=True)})
+        _free(on)
+        _free(off)
     return results
 
 
@@ -247,12 +275,18 @@ def print_summary(report: dict) -> None:
         kind = "max |diff|" if check["task"] == "classify" else "min cos"
         print(f"{'ok  ' if check['ok'] else 'FAIL'} {check['name']:<52} {kind} "
               f"{check['value']:.6f} {check.get('backend', '')}")
+    for name in ("minilm_embed", "prefix_rerank"):
+        if "error" in report[name]:
+            print(f"FAIL {name}: {report[name]['error'].strip().splitlines()[-1]}")
     m = report["minilm_embed"]
-    print(f"MiniLM {m['dtype']}, {m['texts']} texts: engine {m['texts_per_s']['engine']:.0f}/s, "
-          f"sentence-transformers {m['texts_per_s']['sentence_transformers']:.0f}/s, "
-          f"{m['speedup']:.2f}x (goal 1.5x); MFU engine {100 * m['mfu']['engine']:.2f}%")
+    if "error" not in m:
+        print(f"MiniLM {m['dtype']}, {m['texts']} texts: engine "
+              f"{m['texts_per_s']['engine']:.0f}/s, sentence-transformers "
+              f"{m['texts_per_s']['sentence_transformers']:.0f}/s, {m['speedup']:.2f}x "
+              f"(goal 1.5x); MFU engine {100 * m['mfu']['engine']:.2f}%")
     p = report["prefix_rerank"]
-    print(f"Prefix rerank: cached {p['speedup']:.2f}x vs uncached, ideal {p['ideal_speedup']:.2f}x "
-          f"= {100 * p['fraction_of_ideal']:.0f}% of ideal (goal 80%); uncached MFU "
-          f"{100 * p['mfu_uncached']:.2f}%; backend {p['backend']}")
+    if "error" not in p:
+        print(f"Prefix rerank: cached {p['speedup']:.2f}x vs uncached, ideal "
+              f"{p['ideal_speedup']:.2f}x = {100 * p['fraction_of_ideal']:.0f}% of ideal "
+              f"(goal 80%); uncached MFU {100 * p['mfu_uncached']:.2f}%; backend {p['backend']}")
     print(f"total {report['seconds']:.0f} s; failed: {report['failed'] or 'none'}")

@@ -115,11 +115,22 @@ def fresh_library(monkeypatch, tmp_path):
     """The loader as on a machine where the install built nothing (reloaded after)."""
     monkeypatch.setattr(cpu_kernels, "PACKAGED", tmp_path / "vllm" / "_kernels" / "none.so")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLLM_CPU_KERNELS_LIB", raising=False)
     cpu_kernels.library.cache_clear()
     yield tmp_path
     monkeypatch.undo()
     cpu_kernels.library.cache_clear()
     cpu_kernels.library()
+
+
+def test_a_chosen_library_that_is_missing_is_named(fresh_library, monkeypatch):
+    """VLLM_CPU_KERNELS_LIB (developers: another build) is loaded as given, never replaced
+    by the installed or a JIT-built one; a missing path leaves the torch paths, said why."""
+    monkeypatch.setenv("VLLM_CPU_KERNELS_JIT", "1")
+    monkeypatch.setenv("VLLM_CPU_KERNELS_LIB", str(fresh_library / "avx2" / "lib.so"))
+    assert cpu_kernels.library() is None
+    assert cpu_kernels.kernel_status("library") == \
+        f"unavailable (VLLM_CPU_KERNELS_LIB: no {fresh_library / 'avx2' / 'lib.so'})"
 
 
 def test_unbuilt_kernels_one_warning_and_torch_paths(fresh_library, monkeypatch, vllm_log,

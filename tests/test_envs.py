@@ -108,6 +108,33 @@ def test_cuda_cache_budget_is_utilization_minus_peak_and_outside_memory():
     assert cuda_cache_budget(10 * gib, 0.1, 3 * gib, 0) == 0   # never negative
 
 
+def test_cuda_kv_cache_bytes_reads_the_profile_peak(monkeypatch):
+    """The platform runs the runner's profile step (which returns nothing) and reads the
+    device's peak allocation around it: the first GPU run failed here on a None peak."""
+    import types
+
+    from vllm.platforms.cuda import CudaPlatform
+    gib = 1 << 30
+    state = {"peak": 0, "profiled": 0}
+
+    def profile() -> None:
+        state["profiled"] += 1
+        state["peak"] = 3 * gib
+    fake = {"empty_cache": lambda: None, "synchronize": lambda device=None: None,
+            "reset_peak_memory_stats": lambda device=None: state.update(peak=0),
+            "max_memory_allocated": lambda device=None: state["peak"],
+            "mem_get_info": lambda device=None: (130 * gib, 140 * gib),
+            "memory_reserved": lambda device=None: 9 * gib}
+    for name, fn in fake.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    cuda = CudaPlatform.__new__(CudaPlatform)
+    cuda.device = torch.device("cuda", 0)
+    config = types.SimpleNamespace(gpu_memory_utilization=0.9)
+    # 0.9 x 140 GiB - 3 GiB peak - (10 GiB used - 9 GiB reserved by torch) outside torch
+    assert cuda.kv_cache_bytes(config, profile) == int(0.9 * 140 * gib) - 4 * gib
+    assert state["profiled"] == 1
+
+
 def test_cpu_serving_policies_are_cpu_only():
     from vllm.platforms.cpu import CpuPlatform
     from vllm.platforms.cuda import CudaPlatform

@@ -88,7 +88,7 @@ class CpuPlatform(Platform):
     def on_idle(self) -> Optional[IdleTask]:
         return cpu_malloc.HeapTrimmer.create()  # free heap pages back to the OS when idle
 
-    def kv_cache_bytes(self, cache_config, profile: Callable[[], int]) -> int:
+    def kv_cache_bytes(self, cache_config, profile: Callable[[], None]) -> int:
         if cache_config.cpu_kvcache_space_bytes is not None:
             return int(cache_config.cpu_kvcache_space_bytes)
         return int(envs.VLLM_CPU_KVCACHE_SPACE * GiB)

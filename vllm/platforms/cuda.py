@@ -55,11 +55,13 @@ class CudaPlatform(Platform):
         return ServingPolicy(share_heap=False, arrival_window=False,
                              tokenize_between_steps=False)
 
-    def kv_cache_bytes(self, cache_config, profile: Callable[[], int]) -> int:
+    def kv_cache_bytes(self, cache_config, profile: Callable[[], None]) -> int:
         util = cache_config.gpu_memory_utilization
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        peak = profile()
+        profile()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         outside = (total - free) - torch.cuda.memory_reserved(self.device)
         budget = cuda_cache_budget(total, util, peak, outside)

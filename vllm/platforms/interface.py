@@ -85,10 +85,11 @@ class Platform:
         return None
 
     # ----- KV cache ---------------------------------------------------------------------
-    def kv_cache_bytes(self, cache_config, profile: Callable[[], int]) -> int:
+    def kv_cache_bytes(self, cache_config, profile: Callable[[], None]) -> int:
         """Bytes the KV cache may take. `profile()` runs the largest step the scheduler can
-        make without a cache and returns the peak bytes allocated on the device (weights
-        included); platforms that size the cache from a fixed budget never call it."""
+        make without a cache, and the platform reads the peak bytes allocated on the device
+        around it (weights included); platforms that size the cache from a fixed budget
+        never call it."""
         raise NotImplementedError
 
     # ----- attention backend ------------------------------------------------------------
