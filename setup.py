@@ -3,7 +3,7 @@
 Metadata lives in pyproject.toml. The kernels are optional: where there is no CMake, no
 C++ compiler or OpenMP, or the build fails, the install still succeeds without them, and
 the engine logs one warning at start-up and uses its torch paths
-(vllm/model_executor/layers/cpu_kernels.py).
+(vllm/_kernels/cpu_kernels.py).
 """
 import os
 import pathlib

@@ -67,7 +67,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
-    from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
+    from vllm._kernels.cpu_kernels import kernel_status, varlen_attention_kernel
     kernel = varlen_attention_kernel()
     if kernel is None:
         print(f"skip: the C++ kernel is {kernel_status('varlen_attention')}")
@@ -103,7 +103,7 @@ def main() -> None:
         lambda: kernel(q, cache_k, cache_v, qo, ko, rows, torch.tensor(ids), d ** -0.5, True),
         lambda: sdpa_loop(q, cache_k, cache_v, [40] * 63, [440] * 63, True, rows))
 
-    from vllm.model_executor.layers.cpu_kernels import library
+    from vllm._kernels.cpu_kernels import library
     isa = library().vllm_kernels_isa().decode()
     print(f"kernel built for {isa}; {torch.get_num_threads()} threads")
     results = {}

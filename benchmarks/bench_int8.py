@@ -77,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoModel
     from vllm import LLM
-    from vllm.model_executor.layers.cpu_kernels import cpu_flags
+    from vllm._kernels.cpu_kernels import cpu_flags
     from vllm.platforms.cpu import INT8_FLAGS
     if not cpu_flags() & set(INT8_FLAGS):
         print("skip: the CPU has no VNNI / AMX-INT8")

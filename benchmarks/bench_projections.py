@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
 
-    from vllm.model_executor.layers.cpu_kernels import skinny_gemm_kernel
+    from vllm._kernels.cpu_kernels import skinny_gemm_kernel
     from vllm.model_executor.layers.linear import pack_weight
     from vllm.model_executor.layers.skinny_gemm import skinny_weight
     kernel = skinny_gemm_kernel(engine=False)  # any build that has it: measure it here

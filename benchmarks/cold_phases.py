@@ -94,8 +94,8 @@ def install_hooks(p: Phases) -> None:
     from vllm.config import model as config_model
     from vllm.engine import arg_utils, llm_engine
     from vllm.entrypoints.llm import LLM
-    from vllm.model_executor import model_loader
-    from vllm.model_executor.layers import cpu_kernels, linear
+    from vllm.worker import model_loader
+    from vllm._kernels import cpu_kernels, linear
     from vllm.platforms.cpu import CpuPlatform
     from vllm.worker import model_runner
     p.wrap(LLM, "__init__", "LLM(): the rest (KV cache, scheduler, engine)")

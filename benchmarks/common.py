@@ -14,7 +14,7 @@ from typing import Callable
 import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 import torch
 
-from vllm.model_executor.layers.cpu_kernels import cpu_flags  # noqa: F401 (re-exported)
+from vllm._kernels.cpu_kernels import cpu_flags  # noqa: F401 (re-exported)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -33,13 +33,13 @@ from servers import (classifier3, cross_encoder, minilm, minilm_engine,  # noqa:
 def _cpu_kernels_built():
     """Load the C++ kernel library once, first (where the install built none, build it:
     that must not land inside a test that times a server's start-up)."""
-    from vllm.model_executor.layers.cpu_kernels import library
+    from vllm._kernels.cpu_kernels import library
     library()
 
 
 def _cpu_native_missing() -> str:
     """Why CPU_NATIVE cannot run here ('' where it can)."""
-    from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
+    from vllm._kernels.cpu_kernels import kernel_status, varlen_attention_kernel
     return "" if varlen_attention_kernel() is not None else \
         f"CPU_NATIVE: its C++ kernel is {kernel_status('varlen_attention')}"
 

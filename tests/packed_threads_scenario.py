@@ -37,7 +37,7 @@ def run(model_dir: str, task: str) -> dict:
     "rerun": each engine's outputs again at the caller's thread count, "skinny": each
     engine's count of kernel-bound projections, "kernel": the kernel's status}."""
     from vllm import LLM
-    from vllm.model_executor.layers.cpu_kernels import kernel_status
+    from vllm._kernels.cpu_kernels import kernel_status
     before = torch.get_num_threads()
     engines, built = [], []
     try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm.attention.backends.registry import BACKEND_NAMES, check_backend_name, get_backend
-from vllm.model_executor.attention_metadata import AttentionMetadata, token_slots
+from vllm.attention.metadata import AttentionMetadata, token_slots
 
 BLOCK = 16
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers import cpu_kernels
+from vllm._kernels import cpu_kernels
+from vllm.platforms.cpu import _skinny_factory
 
 NONE = torch.empty(0, dtype=torch.long)
 pytestmark = pytest.mark.skipif(
@@ -117,9 +118,11 @@ def fresh_library(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("VLLM_CPU_KERNELS_LIB", raising=False)
     cpu_kernels.library.cache_clear()
+    _skinny_factory.cache_clear()  # the platform's kernel choice, made once per process
     yield tmp_path
     monkeypatch.undo()
     cpu_kernels.library.cache_clear()
+    _skinny_factory.cache_clear()
     cpu_kernels.library()
 
 

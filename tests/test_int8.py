@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers import cpu_kernels
+from vllm._kernels import cpu_kernels
 from vllm.model_executor.layers import int8_linear as i8
 from vllm.platforms.cpu import INT8_FLAGS
 

@@ -23,7 +23,7 @@ import torch
 
 import model_factory as mf
 import packed_threads_scenario as scenario
-from vllm.model_executor.layers import cpu_kernels
+from vllm._kernels import cpu_kernels
 from vllm.model_executor.layers import linear as lin
 from vllm.model_executor.layers import skinny_gemm as sg
 

@@ -19,7 +19,7 @@ import torch
 
 import model_factory as mf
 from vllm import LLM
-from vllm.model_executor.attention_metadata import token_slots
+from vllm.attention.metadata import token_slots
 from vllm.model_executor.layers.pool_state import (BlockPayloadStore, RequestPoolState,
                                                    pool_position)
 from vllm.pooling_params import PoolingParams

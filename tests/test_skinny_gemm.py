@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers import cpu_kernels
+from vllm._kernels import cpu_kernels
 from vllm.model_executor.layers import linear as lin
 from vllm.model_executor.layers import skinny_gemm as sg
 

@@ -8,7 +8,7 @@ import torch
 
 from vllm.attention.backends import window_groups
 from vllm.attention.backends.masked import masked_attention
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 
 WINDOW = (4, 4)

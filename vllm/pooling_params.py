@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    from vllm.config.model import ModelConfig
+from typing import Any, Optional, Protocol
 
 POOLING_TASKS = ("encode", "embed", "classify", "score", "reward", "token_embed",
                  "token_classify")
@@ -27,6 +24,16 @@ _TASK_PARAMS: dict[str, tuple[str, ...]] = {
 _ACTIVATION_ALIAS = {"embed": "normalize", "token_embed": "normalize", "classify": "activation",
                      "token_classify": "activation", "score": "activation",
                      "encode": "softmax", "reward": "softmax"}
+
+
+class ModelFacts(Protocol):
+    """What `verify` reads of the model (`vllm.config.ModelConfig` has it; this module sits
+    below config, so it names only the fields)."""
+
+    pooler_config: Any
+    is_multi_vector: bool
+
+    def verify_dimensions(self, dimensions: int) -> None: ...
 
 
 @dataclass
@@ -57,7 +64,7 @@ class PoolingParams:
                  "returned_token_ids")
         return [n for n in names if getattr(self, n) is not None]
 
-    def verify(self, task: str, model_config: Optional["ModelConfig"] = None) -> None:
+    def verify(self, task: str, model_config: Optional[ModelFacts] = None) -> None:
         """Check that every set parameter belongs to `task`, fill defaults from the model.
 
         Raises ValueError naming the parameters the task accepts.
@@ -82,7 +89,7 @@ class PoolingParams:
         if model_config is not None:
             self._fill_from_model(task, model_config)
 
-    def _fill_from_model(self, task: str, model_config: "ModelConfig") -> None:
+    def _fill_from_model(self, task: str, model_config: ModelFacts) -> None:
         pooler = model_config.pooler_config
         if task in ("embed", "token_embed"):
             if self.normalize is None:  # ColBERT vectors are unit length unless asked

@@ -105,8 +105,11 @@ class ImagePrompts:
         hashes = [image_hash(img) for img in images]
         processed = [self.process(img, key) for img, key in zip(images, hashes)]
         if self.mc.is_causal:  # a vision-language model: text and images together
-            from vllm.multimodal.vlm_inputs import vlm_prompt
-            return vlm_prompt(self.mc.hf_config, list(text_ids or []), processed, hashes)
+            from vllm.multimodal.vlm_inputs import vlm_layout
+            grids = [grid for _, grid in processed]
+            ids, spans, positions = vlm_layout(self.mc.hf_config, list(text_ids or []), grids)
+            return ids, ImageInputs(torch.cat([p for p, _ in processed]), hashes, grids=grids,
+                                    spans=spans, positions=positions)
         special = set(self.tokenizer.all_special_ids)
         if text_ids and not all(t in special for t in text_ids):
             raise ValueError(f"{self.mc.architecture} takes text-only or image-only prompts, "

@@ -48,18 +48,14 @@ def mrope_positions(length: int, spans: list[tuple[int, int]], grids: list[tuple
     return torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
 
 
-def vlm_prompt(hf_config, ids: list[int], processed: list[tuple[torch.Tensor, tuple]],
-               hashes: list[str]) -> tuple[list[int], "object"]:
-    """(expanded ids, ImageInputs) of a Qwen2-VL prompt with its processed images
-    ((patches, grid) each)."""
-    from vllm.multimodal.inputs import ImageInputs
+def vlm_layout(hf_config, ids: list[int], grids: list[tuple[int, int, int]]
+               ) -> tuple[list[int], list[tuple[int, int]], torch.Tensor]:
+    """(expanded ids, each image's placeholder span, M-RoPE positions [3, T]) of a
+    Qwen2-VL prompt whose images have these patch grids."""
     merge = hf_config.vision_config.spatial_merge_size
-    grids = [grid for _, grid in processed]
     sizes = [t * h * w // (merge * merge) for t, h, w in grids]
     expanded, spans = expand_pads(ids, hf_config.image_token_id, sizes)
-    inputs = ImageInputs(torch.cat([p for p, _ in processed]), hashes, grids=grids, spans=spans,
-                         positions=mrope_positions(len(expanded), spans, grids, merge))
-    return expanded, inputs
+    return expanded, spans, mrope_positions(len(expanded), spans, grids, merge)
 
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -4,7 +4,7 @@ Process settings (`cpu_malloc`): glibc keeps large buffers in the heap; the serv
 one heap across threads and tokenizes on one thread. torch's huge-page buffers were asked
 for before torch loaded (`process`); this logs whether they are on. Projections run on
 oneDNN with fused epilogues where it passes its self-check (`layers.linear`), RMSNorm and
-attention on the C++ kernels in csrc/, built at install (`layers.cpu_kernels`; where they
+attention on the C++ kernels in csrc/, built at install (`vllm._kernels.cpu_kernels`; where they
 were not, one WARNING at start-up and the torch paths).
 
 Serving: on cores shared with the model, tokenizing on another thread while a step runs
@@ -34,7 +34,7 @@ INT8_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": 
 
 @functools.lru_cache(maxsize=None)
 def _skinny_factory() -> Optional[Callable]:
-    from vllm.model_executor.layers.cpu_kernels import kernel_status, skinny_gemm_kernel
+    from vllm._kernels.cpu_kernels import kernel_status, skinny_gemm_kernel
     from vllm.model_executor.layers.skinny_gemm import (MAX_ROWS, kernel_matches_torch,
                                                         skinny_weight)
     kernel = skinny_gemm_kernel()
@@ -62,7 +62,7 @@ class CpuPlatform(Platform):
         return torch.float32  # bfloat16/float16 GEMMs are slower than float32 on most CPUs
 
     def _prepare(self, dtype: torch.dtype) -> None:
-        from vllm.model_executor.layers.cpu_kernels import library
+        from vllm._kernels.cpu_kernels import library
         library()  # logged once: loaded, or one WARNING (the torch paths, how to rebuild)
         cpu_malloc.tune_malloc()
         if cpu_malloc.huge_page_buffers():
@@ -106,7 +106,7 @@ class CpuPlatform(Platform):
             return None
         if name != "CPU_NATIVE":
             return super().backend_unavailable(name, dtype, head_dims)
-        from vllm.model_executor.layers.cpu_kernels import kernel_status, varlen_attention_kernel
+        from vllm._kernels.cpu_kernels import kernel_status, varlen_attention_kernel
         if dtype not in KERNEL_DTYPES:
             return f"it runs float32 and bfloat16, not {str(dtype).replace('torch.', '')}"
         bad = sorted({d for d in head_dims if d % 16 or d > 256})
@@ -123,7 +123,7 @@ class CpuPlatform(Platform):
     def check_quantization(self, method: str) -> None:
         """int8 needs int8 dot products in hardware (VNNI or AMX-INT8): without them an int8
         GEMM is slower than float32, so it is refused rather than run."""
-        from vllm.model_executor.layers.cpu_kernels import cpu_flags
+        from vllm._kernels.cpu_kernels import cpu_flags
         from vllm.model_executor.layers.int8_linear import int8_gemm_exact
         have = cpu_flags() & set(INT8_FLAGS)
         if not have:
@@ -139,7 +139,7 @@ class CpuPlatform(Platform):
                 "to run float32.")
 
     def int8_gemm(self):
-        from vllm.model_executor.layers.cpu_kernels import cpu_flags, int8_kernels, \
+        from vllm._kernels.cpu_kernels import cpu_flags, int8_kernels, \
             kernel_status
         from vllm.model_executor.layers.int8_linear import Int8Gemm
         kernels = int8_kernels()
@@ -159,7 +159,7 @@ class CpuPlatform(Platform):
 
     def rms_norm_kernel(self, dtype: torch.dtype) -> Optional[Callable]:
         """The C++ one-pass kernel (float32, bfloat16), built or loaded now (logged once)."""
-        from vllm.model_executor.layers.cpu_kernels import kernel_status, rms_norm_kernel
+        from vllm._kernels.cpu_kernels import kernel_status, rms_norm_kernel
         if dtype not in KERNEL_DTYPES:
             return None
         kernel = rms_norm_kernel()

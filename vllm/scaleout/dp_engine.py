@@ -17,14 +17,12 @@ background and rejoins the routing when its engine is loaded.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from vllm import envs
 from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
@@ -333,11 +331,3 @@ class DPAsyncLLM(TokenizerFront):
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         for rid in list(self._flights):
             self._finish(rid, None, EngineDeadError("The engine was shut down."))
-
-
-def default_threads(size: int, device: str) -> Optional[int]:
-    """Threads per replica on CPU: the cores shared out (None on CUDA or when the user
-    pinned OpenMP themselves)."""
-    if device != "cpu" or envs.is_set("OMP_NUM_THREADS"):
-        return None
-    return max(1, (os.cpu_count() or 1) // size)

@@ -1,18 +1,27 @@
 """Build replica handles for a backend: local processes (mp) or Ray actors (ray)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Optional
 
-from vllm.platforms import resolve_device
+from vllm import envs
 from vllm.logger import init_logger
+from vllm.platforms import resolve_device
 
 logger = init_logger(__name__)
+
+
+def default_threads(size: int, device: str) -> Optional[int]:
+    """Threads per replica on CPU: the cores shared out (None on CUDA or when the user
+    pinned OpenMP themselves)."""
+    if device != "cpu" or envs.is_set("OMP_NUM_THREADS"):
+        return None
+    return max(1, (os.cpu_count() or 1) // size)
 
 
 def replica_factory(backend: str, engine_args: Any, size: int, vllm_config: Any, args: Any,
                     front: Callable[[], Any]) -> Callable[[int], Any]:
     """`make(index)` -> an unstarted replica handle whose events reach `front()`."""
-    from vllm.scaleout.dp_engine import default_threads
     device = resolve_device(engine_args.device)
 
     def post(fn: Callable, *a: Any) -> None:

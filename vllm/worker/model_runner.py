@@ -14,10 +14,10 @@ from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerOutput
 from vllm.attention.backends.registry import get_backend
 from vllm.logger import init_logger
-from vllm.model_executor.attention_metadata import AttentionMetadata, sort_key, token_slots
+from vllm.attention.metadata import AttentionMetadata, sort_key, token_slots
 from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
 from vllm.model_executor.layers.pool_state import BlockPayloadStore
-from vllm.model_executor.model_loader import build_model
+from vllm.worker.model_loader import build_model
 from vllm.platforms import platform_for
 from vllm.worker.pool_steps import PoolTracker, hidden_size, tracked_kind
 

@@ -16,7 +16,7 @@ import torch
 from vllm.core.request import Request
 from vllm.core.scheduler import SchedulerOutput
 from vllm.logger import init_logger
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.pool_state import (PAYLOAD_KINDS, BlockPayloadStore,
                                                    RequestPoolState, describe_payload,
                                                    pool_key, pool_position)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 
 
 class AttentionBackend:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from vllm.attention.backends.torch_sdpa import TorchSdpaBackend
-from vllm.model_executor.attention_metadata import AttentionMetadata, reader_key_slots
-from vllm.model_executor.layers.cpu_kernels import varlen_attention_kernel
+from vllm.attention.metadata import AttentionMetadata, reader_key_slots
+from vllm._kernels.cpu_kernels import varlen_attention_kernel
 
 # Keys per tile of the C++ attention kernel (csrc/varlen_attention.cpp, BK).
 KERNEL_TILE = 64

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from vllm.attention.backends.abstract import AttentionBackend
-from vllm.model_executor.attention_metadata import AttentionMetadata, reader_key_slots
+from vllm.attention.metadata import AttentionMetadata, reader_key_slots
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.attention.backends.window_groups import WindowLayout, window_attention
-from vllm.model_executor.attention_metadata import AttentionMetadata, token_slots
+from vllm.attention.metadata import AttentionMetadata, token_slots
 
 
 def needs_mask(layer: Any, meta: AttentionMetadata) -> bool:

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from vllm.model_executor.attention_metadata import AttentionMetadata, token_slots
+from vllm.attention.metadata import AttentionMetadata, token_slots
 
 # A padded group may cost at most this much more attention work than its requests need.
 MAX_PADDING_WASTE = 1.3

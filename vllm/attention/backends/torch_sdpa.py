@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from vllm.attention.backends.abstract import AttentionBackend
 from vllm.attention.backends.sdpa_groups import AttentionGroup, build_groups
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 
 
 class _Groups:

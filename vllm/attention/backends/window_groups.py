@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 
 MAX_PADDING_WASTE = 1.3
 

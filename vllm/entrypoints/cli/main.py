@@ -13,6 +13,12 @@ from vllm.version import __version__
 logger = init_logger("vllm.entrypoints.cli.main")  # also when run as __main__
 
 def _serve(args: argparse.Namespace) -> int:
+    models = getattr(args, "model_tag", None)
+    if isinstance(models, list) and len(models) > 1:  # several models on one port
+        if getattr(args, "model", None):
+            raise SystemExit("Give the models as MODEL arguments only, without --model.")
+        from vllm.entrypoints.openai.multi_server import run_multi_server
+        return run_multi_server(args, models)
     from vllm.entrypoints.openai.api_server import run_server
     return run_server(args)
 

@@ -213,17 +213,12 @@ def freeze_startup_heap() -> None:
 
 
 def run_server(args: Any) -> int:
-    """Load the engine, then serve until SIGINT/SIGTERM; always shut the engine down.
+    """Load the engine, then serve until SIGINT/SIGTERM; always shut the engine down (one
+    model; `vllm serve` hands several to `multi_server.run_multi_server`).
     Returns the process exit status: 0, or 1 when the engine died (its requests in flight
     were answered 503 first), so that a supervisor restarts the server, as upstream."""
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
     from vllm.scaleout.engine import make_async_engine
-    models = getattr(args, "model_tag", None)
-    if isinstance(models, list) and len(models) > 1:  # several models on one port
-        if getattr(args, "model", None):
-            raise SystemExit("Give the models as MODEL arguments only, without --model.")
-        from vllm.entrypoints.openai.multi_server import run_multi_server
-        return run_multi_server(args, models)
     engine_args = engine_args_from_namespace(args)
     async_llm = make_async_engine(engine_args, args)
     try:
@@ -254,7 +249,8 @@ def _exit_after_engine_death(server: uvicorn.Server) -> None:
 
 if __name__ == "__main__":
     # Upstream's older entry point: `python -m vllm.entrypoints.openai.api_server --model M`
-    # takes the same flags as `vllm serve`.
+    # takes the same flags as `vllm serve`. (A program's entry, above every layer: the
+    # layering test reads no `__main__` block.)
     import sys
 
     from vllm.entrypoints.cli.main import main

@@ -22,7 +22,7 @@ from torch import nn
 from vllm.attention.backends.abstract import AttentionBackend
 from vllm.attention.backends.masked import masked_attention, needs_mask
 from vllm.attention.backends.registry import get_backend
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 
 
 class Attention(nn.Module):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor.layers.packed import pack_weight
 from vllm.model_executor.layers.skinny_gemm import ACTIVATIONS as SKINNY_ACTIVATIONS
 from vllm.model_executor.layers.skinny_gemm import SkinnyWeight
 
@@ -71,12 +72,6 @@ def onednn_linear_ok(dtype: torch.dtype) -> bool:
                    for a, e in zip(got, want))
     except (RuntimeError, TypeError):
         return False
-
-
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked copy of an [out, in] weight (an opaque mkldnn tensor that only the
-    oneDNN GEMMs here accept)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
 def _onednn(x, w, b, activation: Optional[str]) -> torch.Tensor:

@@ -29,26 +29,19 @@ it (`SkinnyWeight.kp`, `.nb`) only after its own packed copy was read back at th
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from vllm.model_executor.layers.packed import pack_weight, packed_buffer
+
 MAX_ROWS = 64
 # epilogues: with `other` ("add", "mul"), or an activation of x @ W.T + bias
 # csrc/epilogue.h's modes, shared with the int8 projections (layers.int8_linear)
 MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
 ACTIVATIONS = ("gelu", "silu", "relu")
-
-
-def _packed_buffer(packed: torch.Tensor) -> torch.Tensor:
-    """A float32 view of an opaque oneDNN tensor's buffer, in memory order (valid while
-    `packed` lives)."""
-    nbytes = torch.ops.mkldnn._nbytes(packed)
-    buf = (ctypes.c_float * (nbytes // 4)).from_address(torch.ops.mkldnn.data_ptr(packed))
-    return torch.frombuffer(buf, dtype=torch.float32)
 
 
 def _positions(size: int) -> torch.Tensor:
@@ -75,7 +68,6 @@ def _probe(n: int, k: int, threads: int) -> Optional[tuple[int, int]]:
     """`packed_layout` at `threads` OpenMP threads (the caller's count: oneDNN's choice
     depends on it). Found by packing the row index and then the column index of every
     element and reading back where each landed."""
-    from vllm.model_executor.layers.linear import pack_weight
     found: list[torch.Tensor] = []
     sizes: list[int] = []
     try:
@@ -83,7 +75,7 @@ def _probe(n: int, k: int, threads: int) -> Optional[tuple[int, int]]:
             index = torch.arange((n, k)[axis], dtype=torch.float32)
             index = (index[:, None] if axis == 0 else index[None, :]).expand(n, k)
             packed = pack_weight(index.contiguous())
-            buf = _packed_buffer(packed)
+            buf = packed_buffer(packed)
             sizes.append(buf.numel())
             where = _positions(sizes[0]) if axis == 0 else where
             found.append(buf[where].clone())
@@ -149,7 +141,7 @@ def holds(packed: torch.Tensor, weight: torch.Tensor, kp: int, nb: int) -> bool:
     inside = (row < n) & (col < k)
     at, row, col = at[inside], row[inside], col[inside]
     plain = weight.detach().contiguous()
-    return torch.equal(_packed_buffer(packed)[at], plain.view(-1)[row * k + col])
+    return torch.equal(packed_buffer(packed)[at], plain.view(-1)[row * k + col])
 
 
 def skinny_weight(kernel: Callable, packed: torch.Tensor,
@@ -169,7 +161,6 @@ def skinny_weight(kernel: Callable, packed: torch.Tensor,
 def kernel_matches_torch(kernel: Callable) -> bool:
     """The kernel on a packed weight whose width is not a whole block, every mode, against
     F.linear in float64."""
-    from vllm.model_executor.layers.linear import pack_weight
     g = torch.Generator().manual_seed(0)
     n, k = 100, 72
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)

@@ -6,7 +6,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import Linear
 from vllm.model_executor.weight_utils import load_mapped

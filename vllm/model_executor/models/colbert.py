@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vllm.logger import init_logger
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.models.bert import BertModel
 from vllm.model_executor.models.modernbert import ModernBertModel
 from vllm.model_executor.weight_utils import copy_param

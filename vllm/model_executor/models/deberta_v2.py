@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.weight_utils import copy_param
 
 _ACTS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

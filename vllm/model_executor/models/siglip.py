@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.attention_metadata import AttentionMetadata
+from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.linear import Linear
 from vllm.model_executor.models.clip import DualEncoder, Encoder, TextTower, segments_meta
 

@@ -31,8 +31,8 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 LIB_NAME = "libvllm_cpu_kernels.so"
-PACKAGED = pathlib.Path(__file__).resolve().parents[2] / "_kernels" / LIB_NAME
-ROOT = pathlib.Path(__file__).resolve().parents[3]  # a source checkout's root
+PACKAGED = pathlib.Path(__file__).resolve().parent / LIB_NAME
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # a source checkout's root
 REBUILD = ('reinstall with CMake, a C++ compiler and OpenMP (`pip install -e .`), or set '
            'VLLM_CPU_KERNELS_JIT=1 to build them on first use')
 ISA_FLAGS = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma"}, "none": set()}
@@ -151,7 +151,7 @@ def varlen_attention_kernel() -> Optional[Callable]:
         _status["varlen_attention"] = "unavailable (built without AVX2 or AVX-512)"
         return None
     _status["varlen_attention"] = _status["library"]
-    from vllm.model_executor.layers.cpu_kernel_calls import varlen_attention
+    from vllm._kernels.cpu_kernel_calls import varlen_attention
     return functools.partial(varlen_attention, lib)
 
 
@@ -162,7 +162,7 @@ def rms_norm_kernel() -> Optional[Callable]:
     _status["rms_norm"] = _status["library"]
     if lib is None:
         return None
-    from vllm.model_executor.layers.cpu_kernel_calls import rms_norm
+    from vllm._kernels.cpu_kernel_calls import rms_norm
     return functools.partial(rms_norm, lib)
 
 
@@ -184,7 +184,7 @@ def skinny_gemm_kernel(engine: bool = True) -> Optional[Callable]:
             f"{', '.join(SKINNY_GEMM_ENGINE_ISAS)})"
         return None
     _status["skinny_gemm"] = _status["library"]
-    from vllm.model_executor.layers.cpu_kernel_calls import skinny_gemm
+    from vllm._kernels.cpu_kernel_calls import skinny_gemm
     kernel = functools.partial(skinny_gemm, lib)
     kernel.tile_width = lib.vllm_skinny_gemm_tile_width()
     return kernel
@@ -199,7 +199,7 @@ def int8_kernels() -> Optional[tuple[Callable, Callable]]:
             "unavailable (built without AVX2 or AVX-512)"
         return None
     _status["int8"] = _status["library"]
-    from vllm.model_executor.layers.cpu_kernel_calls import dequantize_rows, quantize_rows
+    from vllm._kernels.cpu_kernel_calls import dequantize_rows, quantize_rows
     return functools.partial(quantize_rows, lib), functools.partial(dequantize_rows, lib)
 
 
