@@ -9,6 +9,7 @@ from torch import nn
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import Linear
+from vllm.model_executor.lora_target import LoRATarget, linear_at, whole
 from vllm.model_executor.weight_utils import load_mapped
 
 # HF `hidden_act` -> the activation fused into the intermediate projection.
@@ -96,6 +97,15 @@ class BertModel(nn.Module):
 
     def _position_offset(self, config) -> int:
         return self.position_offset
+
+    def lora_target(self, module: str) -> LoRATarget:
+        """Where PEFT's `module` lands: query/key/value are thirds of our fused `qkv`."""
+        pname, shard = _map_bert_name(module + ".weight")
+        path = pname[: -len(".weight")]
+        if shard is None:
+            return whole(self, path)
+        h = self.config.hidden_size
+        return LoRATarget(path, linear_at(self, path), shard * h, h)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.attn for layer in self.layers]

@@ -18,6 +18,7 @@ from vllm.model_executor.layers.linear import GatedLinear, Linear
 from vllm.model_executor.layers.norm import RMSNorm
 from vllm.model_executor.layers.rotary import (RotaryEmbedding, apply_rotary,
                                                interleave_halves, rope_parameters)
+from vllm.model_executor.lora_target import LoRATarget, linear_at, whole
 from vllm.model_executor.weight_utils import copy_param, copy_shard
 
 # Query/key projections and their per-head norms: stored with rotary pairs interleaved.
@@ -124,6 +125,21 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(attn.head_dim, config.max_position_embeddings,
                                       rope_parameters(config))
 
+
+    def lora_target(self, module: str) -> LoRATarget:
+        """Where PEFT's `module` lands: q/k/v and gate/up are rows of our fused projections
+        (q and k rows with rotary pairs interleaved, as the loader stored them)."""
+        parent, _, leaf = module.rpartition(".")
+        if leaf not in _FUSED:
+            return whole(self, module)
+        fused, shard = _FUSED[leaf]
+        path = f"{parent}.{fused}"
+        sizes = self.get_submodule(parent).shard_sizes
+        head_dim = self.layers[0].self_attn.head_dim
+        reorder = (lambda b: interleave_halves(b, head_dim)) if leaf in ("q_proj", "k_proj") \
+            else None
+        return LoRATarget(path, linear_at(self, path), sum(sizes[:shard]), sizes[shard],
+                          reorder)
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]
 

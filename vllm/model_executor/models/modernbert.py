@@ -17,6 +17,7 @@ from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import GatedLinear, Linear
 from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, interleave_halves
+from vllm.model_executor.lora_target import LoRATarget, whole
 from vllm.model_executor.weight_utils import copy_param
 
 _ACTS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -145,6 +146,19 @@ class ModernBertModel(nn.Module):
         self.rotary = {kind: RotaryEmbedding(head_dim, config.max_position_embeddings,
                                              _rope(config, kind)) for kind in set(kinds)}
 
+
+    def lora_target(self, module: str) -> LoRATarget:
+        """Where PEFT's `module` lands: `Wqkv` whole, its query and key rows with rotary
+        pairs interleaved as the loader stored them."""
+        if not module.endswith("attn.Wqkv"):
+            return whole(self, module)
+        h = self.config.hidden_size
+        head_dim = h // self.config.num_attention_heads
+
+        def reorder(b: torch.Tensor) -> torch.Tensor:
+            return torch.cat([interleave_halves(b[:h], head_dim),
+                              interleave_halves(b[h:2 * h], head_dim), b[2 * h:]])
+        return whole(self, module, reorder)
     def attention_layers(self) -> list[Attention]:
         return [layer.attn.attn for layer in self.layers]
 
