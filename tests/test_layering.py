@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "vllm"
 # Bottom to top. A package may import only packages of a lower layer (never one of its own
 # layer, never one above). Packages are `vllm.X` (a folder or a top-level module).
 LAYERS: list[set[str]] = [
-    {"vllm.envs", "vllm.version", "vllm.outputs"},
+    {"vllm.envs", "vllm.version", "vllm.outputs", "vllm.tasks"},
     {"vllm.logger"},
     {"vllm._kernels", "vllm.transformers_utils", "vllm.multimodal"},
     {"vllm.attention"},

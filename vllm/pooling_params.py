@@ -4,26 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-POOLING_TASKS = ("encode", "embed", "classify", "score", "reward", "token_embed",
-                 "token_classify")
-# Upstream's per-engine pooling tasks (`PoolerConfig.task`); the others are the seed's.
-ENGINE_TASKS = ("embed", "classify", "token_embed", "token_classify")
-TOKEN_TASKS = ("token_embed", "token_classify")
-
-# Which request parameters belong to which task.
-_TASK_PARAMS: dict[str, tuple[str, ...]] = {
-    "embed": ("dimensions", "normalize"),
-    "token_embed": ("dimensions", "normalize"),
-    "classify": ("activation",),
-    "token_classify": ("activation",),
-    "score": ("activation",),
-    "encode": ("softmax", "step_tag_id", "returned_token_ids"),
-    "reward": ("softmax", "step_tag_id", "returned_token_ids"),
-}
-# The task-specific switch that newer vLLM spells `use_activation`.
-_ACTIVATION_ALIAS = {"embed": "normalize", "token_embed": "normalize", "classify": "activation",
-                     "token_classify": "activation", "score": "activation",
-                     "encode": "softmax", "reward": "softmax"}
+from vllm.tasks import POOLING_TASKS, TASKS, PoolingTask
 
 
 class ModelFacts(Protocol):
@@ -74,13 +55,14 @@ class PoolingParams:
         if self.task is not None and self.task != task:
             raise ValueError(f"PoolingParams were made for task {self.task!r}, not {task!r}.")
         self.task = task
+        spec = TASKS[PoolingTask(task)]
         if self.use_activation is not None:
-            alias = _ACTIVATION_ALIAS[task]
+            alias = spec.activation_alias
             if getattr(self, alias) is not None and getattr(self, alias) != self.use_activation:
                 raise ValueError(f"use_activation and {alias} disagree; set only one of them.")
             setattr(self, alias, self.use_activation)
             self.use_activation = None
-        allowed = _TASK_PARAMS[task]
+        allowed = spec.params
         wrong = [n for n in self._set_fields() if n not in allowed]
         if wrong:
             raise ValueError(
@@ -91,7 +73,8 @@ class PoolingParams:
 
     def _fill_from_model(self, task: str, model_config: ModelFacts) -> None:
         pooler = model_config.pooler_config
-        if task in ("embed", "token_embed"):
+        family = TASKS[PoolingTask(task)].activation_alias
+        if family == "normalize":  # embed, token_embed
             if self.normalize is None:  # ColBERT vectors are unit length unless asked
                 self.normalize = True if model_config.is_multi_vector or \
                     pooler.normalize is None else pooler.normalize
@@ -99,13 +82,13 @@ class PoolingParams:
                 self.dimensions = pooler.dimensions
             if self.dimensions is not None:
                 model_config.verify_dimensions(self.dimensions)
-        elif task in ("classify", "score", "token_classify"):
+        elif family == "activation":  # classify, score, token_classify
             if self.activation is None:
                 self.activation = pooler.activation if pooler.activation is not None else True
-            if task == "token_classify":  # a STEP model's tags come from its config
+            if task == PoolingTask.TOKEN_CLASSIFY:  # a STEP model's tags: from its config
                 self.step_tag_id = pooler.step_tag_id
                 self.returned_token_ids = pooler.returned_token_ids
-        else:
+        else:  # encode, reward
             if self.softmax is None:
                 self.softmax = bool(pooler.softmax) if pooler.softmax is not None else False
             if self.step_tag_id is None:

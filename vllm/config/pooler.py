@@ -9,10 +9,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from vllm.tasks import ENGINE_TASKS
+
 POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP", "SPLADE")
-# Upstream's engine-level pooling tasks (`PoolerConfig(task=...)`).
-TASKS = ("embed", "classify", "token_embed", "token_classify", "embed&token_classify",
-         "plugin")
+# Upstream's engine-level pooling tasks (`PoolerConfig(task=...)`): the table's, BGE-M3's
+# pair and upstream's IOProcessor plugins.
+TASKS = (*ENGINE_TASKS, "embed&token_classify", "plugin")
 _REMOVED_TASKS = {"score": "`score` task was removed; use `classify` instead.",
                   "encode": "`encode` task was removed; use `token_embed` or "
                             "`token_classify` instead."}

@@ -6,6 +6,8 @@ tasks the model's pooler supports; the seed's `encode` (and `reward`) stay besid
 """
 from __future__ import annotations
 
+from vllm.tasks import ENGINE_TASKS, TASKS, TOKEN_TASKS, PoolingTask as T
+
 
 class ModelTasks:
     """Task facts derived from the resolved architecture and pooler config."""
@@ -39,11 +41,11 @@ class ModelTasks:
     def pooling_tasks(self) -> tuple[str, ...]:
         """Upstream's pooling tasks this model can run (its pooler's tasks)."""
         if self.is_token_classifier:
-            return ("token_classify",)
+            return (T.TOKEN_CLASSIFY,)
         if self.is_multi_vector:
-            return ("token_embed",)
-        return {"embed": ("embed", "token_embed"), "classify": ("classify", "token_classify"),
-                "reward": ("token_classify",)}[self.convert] + self.arch.base.extra_tasks
+            return (T.TOKEN_EMBED,)
+        return {"embed": (T.EMBED, T.TOKEN_EMBED), "classify": (T.CLASSIFY, T.TOKEN_CLASSIFY),
+                "reward": (T.TOKEN_CLASSIFY,)}[self.convert] + self.arch.base.extra_tasks
 
     @property
     def pooling_task(self) -> str:
@@ -56,7 +58,7 @@ class ModelTasks:
             if chosen not in tasks:
                 raise ValueError(f"Unsupported task: {chosen!r} Supported tasks: {tasks}")
             return chosen
-        for task in ("embed", "classify", "token_embed", "token_classify"):
+        for task in ENGINE_TASKS:
             if task in tasks:
                 return task
         raise AssertionError(tasks)
@@ -66,35 +68,33 @@ class ModelTasks:
         """Whether /score and /rerank are served: as upstream, under embed / token_embed
         (cosine / MaxSim) and under classify with one label (a cross-encoder)."""
         task = self.pooling_task
-        return task in ("embed", "token_embed") or (task == "classify" and
+        return task in (T.EMBED, T.TOKEN_EMBED) or (task == T.CLASSIFY and
                                                     self.num_labels == 1)
 
     @property
     def late_interaction(self) -> bool:
         """Scores are MaxSim of token vectors (an engine running token_embed, as ColBERT)."""
-        return self.pooling_task == "token_embed"
+        return self.pooling_task == T.TOKEN_EMBED
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
         """Every task this engine accepts: the seed's `encode` (and `reward` on reward
         models), the engine's pooling task, and `score` where scoring is served."""
-        tasks = ("encode", self.pooling_task)
+        tasks = (T.ENCODE, self.pooling_task)
         if self.convert == "reward":
-            tasks += ("reward",)
-        return tasks + (("score",) if self.scores else ())
+            tasks += (T.REWARD,)
+        return tasks + ((T.SCORE,) if self.scores else ())
 
     @property
     def encode_task(self) -> str:
         """The task of `LLM.encode()` and `POST /pooling` when none is named: the seed's
         `encode` (raw pooled states), except on a token classifier or an engine started
         with `PoolerConfig(task=...)` for a token task, which runs that task."""
-        if self.is_token_classifier or self.pooler_config.task in ("token_embed",
-                                                                    "token_classify"):
+        if self.is_token_classifier or self.pooler_config.task in TOKEN_TASKS:
             return self.pooling_task
-        return "encode"
+        return T.ENCODE
 
     @property
     def gate_pooling_type(self) -> str:
         """The pooling the gate judges: a token task reads every token (as ALL)."""
-        return "ALL" if self.pooling_task in ("token_embed", "token_classify") \
-            else self.pooler_config.pooling_type
+        return TASKS[T(self.pooling_task)].pooling or self.pooler_config.pooling_type

@@ -17,6 +17,7 @@ from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
 from vllm.outputs import PoolingOutput, PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
+from vllm.tasks import PoolingTask
 from vllm.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -67,10 +68,10 @@ class LLMEngine:
         """Queue a tokenized prompt, under `lora_request`'s adapter when given (loaded
         now if it is not). Raises ValueError for a task the model cannot do, parameters
         that do not belong to the task, or an adapter the engine refuses."""
-        task = params.task or "encode"
+        task = params.task or PoolingTask.ENCODE
         self.verify_task(task)
         params.verify(task, self.model_config)
-        chunked = task == "embed" and bool(self.model_config.pooler_config
+        chunked = task == PoolingTask.EMBED and bool(self.model_config.pooler_config
                                            .enable_chunked_processing)
         self.processor.check(prompt, chunked)
         lora_key = self._lora_key(lora_request)

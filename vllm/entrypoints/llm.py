@@ -19,6 +19,7 @@ from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, P
                           PoolingRequestOutput, ScoringRequestOutput)
 from vllm.lora.request import LoRARequest
 from vllm.pooling_params import PoolingParams
+from vllm.tasks import PoolingTask
 
 logger = init_logger(__name__)
 
@@ -64,7 +65,7 @@ class LLM:
         task = pooling_task or mc.encode_task
         if sparse:
             check_lexical(mc, task)
-        if task in ("encode", "score") and not self._warned_removed_task:
+        if task in (PoolingTask.ENCODE, PoolingTask.SCORE) and not self._warned_removed_task:
             self._warned_removed_task = True
             logger.warning("LLM.encode with the %r task: upstream vLLM 0.32 removed it; pass "
                            "pooling_task='token_embed' or 'token_classify' (or use "
@@ -98,7 +99,7 @@ class LLM:
                 raise ValueError("sparse=True returns float weights; leave precision unset.")
         processor = self.llm_engine.processor
         prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
-        outs = self._run(prompt_list, pooling_params, "embed", truncate_prompt_tokens,
+        outs = self._run(prompt_list, pooling_params, PoolingTask.EMBED, truncate_prompt_tokens,
                          use_tqdm, truncation_side,
                          processor.prompt_len(_as_list(prompts), prompt_name, prompt),
                          lora=lora, padding=padding)
@@ -116,8 +117,8 @@ class LLM:
                  **kwargs: Any) -> list[ClassificationRequestOutput]:
         padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
-        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm,
-                         truncation_side, lora=lora, padding=padding)
+        outs = self._run(prompts, pooling_params, PoolingTask.CLASSIFY, truncate_prompt_tokens,
+                         use_tqdm, truncation_side, lora=lora, padding=padding)
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def reward(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
@@ -125,8 +126,8 @@ class LLM:
                truncation_side: Optional[str] = None,
                **kwargs: Any) -> list[PoolingRequestOutput]:
         lora = _refuse_extra(kwargs)
-        return self._run(prompts, pooling_params, "reward", truncate_prompt_tokens, use_tqdm,
-                         truncation_side, lora=lora)
+        return self._run(prompts, pooling_params, PoolingTask.REWARD, truncate_prompt_tokens,
+                         use_tqdm, truncation_side, lora=lora)
 
     def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]],
               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
@@ -137,13 +138,13 @@ class LLM:
         cosine similarity of the two embeddings. Pairs: 1->1, 1->N, N->N."""
         lora = _refuse_extra(kwargs)
         engine = self.llm_engine
-        engine.verify_task("score")
+        engine.verify_task(PoolingTask.SCORE)
         pairs = pair_texts(_texts(data_1), _texts(data_2))
         if engine.model_config.is_cross_encoder:
             tokenized = [engine.processor.tokenize_score_pair(a, b, truncate_prompt_tokens,
                                                               truncation_side) for a, b in pairs]
-            outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs), "score",
-                                       use_tqdm, lora)
+            outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs),
+                                       PoolingTask.SCORE, use_tqdm, lora)
             return [ScoringRequestOutput.from_base(o) for o in outs]
         if isinstance(lora, (list, tuple)):
             if any(x != lora[0] for x in lora):
@@ -167,8 +168,9 @@ class LLM:
         """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""
         multi = self.llm_engine.model_config.late_interaction
         items = {_item_key(t): t for pair in pairs for t in pair}  # each text once
-        embeds = self._run(list(items.values()), params, "token_embed" if multi else "embed",
-                           truncate_prompt_tokens, use_tqdm, side, lora=lora)
+        task = PoolingTask.TOKEN_EMBED if multi else PoolingTask.EMBED
+        embeds = self._run(list(items.values()), params, task, truncate_prompt_tokens, use_tqdm,
+                           side, lora=lora)
         by_key = dict(zip(items, embeds))
         similarity = maxsim if multi else cosine_score
         results = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from vllm.config.model import ModelConfig
+from vllm.tasks import PoolingTask
 
 
 def check_sparse(model_config: ModelConfig) -> None:
@@ -20,7 +21,7 @@ def check_sparse(model_config: ModelConfig) -> None:
 
 def check_lexical(model_config: ModelConfig, task: str) -> None:
     """Lexical weights exist for BGE-M3 under token_classify only; ValueError otherwise."""
-    if model_config.architecture != "BgeM3EmbeddingModel" or task != "token_classify":
+    if model_config.architecture != "BgeM3EmbeddingModel" or task != PoolingTask.TOKEN_CLASSIFY:
         raise ValueError("sparse=True on the pooling API returns BGE-M3's lexical weights: it "
                          "needs BgeM3EmbeddingModel running the token_classify task (this is "
                          f"{model_config.architecture} running {task!r}). Leave sparse unset.")

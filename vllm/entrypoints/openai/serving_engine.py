@@ -21,19 +21,11 @@ from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_re
 from vllm.entrypoints.openai.serving_limits import ServingLimits
 from vllm.platforms.helper_threads import serial_torch_here
 from vllm.pooling_params import PoolingParams
+from vllm.tasks import POOLING_ROUTES, route_tasks
 
-# Which engine task each pooling route needs; the other routes work for every model.
-ROUTE_TASKS: dict[str, tuple[str, ...]] = {
-    "/v1/embeddings": ("embed",),
-    "/v2/embed": ("embed",),
-    "/pooling": ("encode", "reward"),
-    "/classify": ("classify",),
-    "/score": ("score",),
-    "/v1/score": ("score",),
-    "/rerank": ("score",),
-    "/v1/rerank": ("score",),
-    "/v2/rerank": ("score",),
-}
+# Which engine task each pooling route needs (vllm.tasks); the other routes work for every
+# model.
+ROUTE_TASKS: dict[str, tuple[str, ...]] = {route: route_tasks(route) for route in POOLING_ROUTES}
 COMMON_ROUTES = ("POST /tokenize", "POST /detokenize", "POST /invocations", "GET /v1/models",
                  "GET /health", "GET /version", "GET /metrics")
 

@@ -16,6 +16,7 @@ from vllm.entrypoints.openai.protocol import (ClassificationRequest, EmbeddingRe
 from vllm.entrypoints.openai.serving_engine import json_response
 from vllm.entrypoints.openai.serving_pooling import ServingPooling
 from vllm.entrypoints.openai.serving_score import ServingScores, without_absent_documents
+from vllm.tasks import PoolingTask
 
 _PAIR_KEYS = ("text_1", "queries", "data_1")
 _SHAPES = ("`input` (embeddings, classification or pooling), `text_1`/`text_2` or "
@@ -29,7 +30,8 @@ def pick_route(body: dict, supported_tasks: tuple[str, ...]) -> str:
     if any(key in body for key in _PAIR_KEYS):
         return "/score"
     if "input" in body:
-        for task, route in (("embed", "/v1/embeddings"), ("classify", "/classify")):
+        for task, route in ((PoolingTask.EMBED, "/v1/embeddings"),
+                            (PoolingTask.CLASSIFY, "/classify")):
             if task in supported_tasks:
                 return route
         return "/pooling"

@@ -21,6 +21,7 @@ from vllm.entrypoints.openai.serving_media import message_prompts
 from vllm.entrypoints.quantize import load_calibration, quantize
 from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
 from vllm.outputs import sparse_weights
+from vllm.tasks import PoolingTask
 
 
 def as_list(data: torch.Tensor) -> list[float]:
@@ -63,7 +64,7 @@ class ServingPooling:
             n = await ctx.engine.run_in_tokenizer_thread(  # that thread's tokenizer
                 ctx.engine.processor.prompt_len, raw_inputs,
                 getattr(body, "prompt_name", None), getattr(body, "prompt", None),
-                task == "embed")
+                task == PoolingTask.EMBED)
             for p in prompts:
                 p.prompt_len = n
         response_id = ctx.response_id(http, prefix, body)
@@ -75,11 +76,11 @@ class ServingPooling:
         """Apply `prompt_name` / `prompt` (and, for embeddings, the model's default
         prompt) to the inputs; a bad name is a 400 listing the known ones."""
         name, raw = getattr(body, "prompt_name", None), getattr(body, "prompt", None)
-        if task != "embed" and name is None and raw is None:
+        if task != PoolingTask.EMBED and name is None and raw is None:
             return inputs
         try:
             return self.ctx.engine.processor.with_prompt(inputs, name, raw,
-                                                         default=task == "embed")
+                                                         default=task == PoolingTask.EMBED)
         except ValueError as exc:
             raise bad_request(str(exc), "prompt_name" if name else "prompt") from exc
 

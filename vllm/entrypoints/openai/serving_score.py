@@ -21,6 +21,7 @@ from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 from vllm.entrypoints.openai.serving_media import item_prompts
 from vllm.entrypoints.openai.serving_pooling import prompt_tokens
 from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
+from vllm.tasks import PoolingTask
 
 
 def pair_up(text_1: list[str], text_2: list[str]) -> list[tuple[int, int]]:
@@ -63,7 +64,7 @@ class ServingScores:
         cap_q, cap_d = self._caps(body)
         processor = ctx.engine.processor
         if ctx.model_config.is_cross_encoder:
-            params = ctx.make_params("score", activation=activation,
+            params = ctx.make_params(PoolingTask.SCORE, activation=activation,
                                      use_activation=use_activation)
             if cap_q:
                 text_1 = await ctx.engine.run_in_tokenizer_thread(
@@ -78,7 +79,7 @@ class ServingScores:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
         multi = ctx.model_config.late_interaction  # ColBERT: MaxSim of token vectors
-        params = ctx.make_params("token_embed" if multi else "embed")
+        params = ctx.make_params(PoolingTask.TOKEN_EMBED if multi else PoolingTask.EMBED)
         prompts = await ctx.tokenize(text_1, processor.cap_as_truncation(cap_q, truncate),
                                      param=None, side=side)
         prompts += await ctx.tokenize(text_2, processor.cap_as_truncation(cap_d, truncate),
@@ -121,10 +122,10 @@ class ServingScores:
         flat = [p for group in groups for p in group]
         ctx.limits.check_tokens(flat, None)
         if cross:
-            params = ctx.make_params("score", activation=body.activation,
+            params = ctx.make_params(PoolingTask.SCORE, activation=body.activation,
                                      use_activation=body.use_activation)
         else:
-            params = ctx.make_params("embed")
+            params = ctx.make_params(PoolingTask.EMBED)
         outputs = await self._run_prefix_first(http, flat, params, base_id, cross,
                                                body.cache_salt)
         vectors = [o.outputs.data.reshape(-1) for o in outputs]

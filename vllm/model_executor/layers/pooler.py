@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from vllm.pooling_params import TOKEN_TASKS, PoolingParams
+from vllm.pooling_params import PoolingParams
+from vllm.tasks import TOKEN_TASKS, PoolingTask as T
 
 _VECTOR_POOLING = ("LAST", "CLS", "MEAN", "SPLADE")
 
@@ -89,13 +90,13 @@ class Pooler:
         else:
             pooled = hidden[self._row_index(slices, hidden.device)]
         tasks = {s.params.task for s in slices}
-        if self.head is not None and tasks & {"classify", "score", "encode", "reward"}:
+        if self.head is not None and tasks & {T.CLASSIFY, T.SCORE, T.ENCODE, T.REWARD}:
             pooled = self.head(pooled.to(hidden.dtype))
         vectors = list(pooled.float())
-        if self.dense and "embed" in tasks:
+        if self.dense and T.EMBED in tasks:
             # The sentence-transformers Dense modules belong to embeddings only: a raw
             # /pooling request in the same step keeps the transformer's pooled state.
-            rows = [i for i, s in enumerate(slices) if s.params.task == "embed"]
+            rows = [i for i, s in enumerate(slices) if s.params.task == T.EMBED]
             projected = pooled[rows].to(hidden.dtype)
             for layer in self.dense:
                 projected = layer(projected)
@@ -113,13 +114,13 @@ class Pooler:
         return torch.tensor(rows, dtype=torch.long, device=device)
 
     def _post(self, vec: torch.Tensor, p: PoolingParams) -> torch.Tensor:
-        if p.task == "embed":
+        if p.task == T.EMBED:
             if p.dimensions is not None:
                 vec = vec[: p.dimensions]
             return F.normalize(vec, dim=-1) if p.normalize else vec
-        if p.task == "classify":
+        if p.task == T.CLASSIFY:
             return _label_activation(vec) if p.activation else vec
-        if p.task == "score":
+        if p.task == T.SCORE:
             return _apply(self.score_activation, vec) if p.activation else vec
         return _label_activation(vec) if p.softmax else vec
 
@@ -128,18 +129,18 @@ class Pooler:
         _require_whole(s, self.pooling_type)
         rows = hidden[s.start: s.start + s.num_new]
         p = s.params
-        if p.task == "token_embed":  # ST Dense per token, cut, then unit length
+        if p.task == T.TOKEN_EMBED:  # ST Dense per token, cut, then unit length
             if self.token_vectors is not None:
                 rows = self.token_vectors(rows, s.token_ids)
             for layer in self.dense:
                 rows = layer(rows.to(hidden.dtype))
             rows = rows.float()[:, : p.dimensions] if p.dimensions else rows.float()
             return _own(F.normalize(rows, dim=-1) if p.normalize else rows)
-        if p.task == "token_classify" and self.token_weights is not None:
+        if p.task == T.TOKEN_CLASSIFY and self.token_weights is not None:
             return _own(self.token_weights(rows, s.token_ids, bool(p.activation)))
         if self.head is not None:
             rows = getattr(self.head, "per_token", self.head)(rows) \
-                if p.task == "token_classify" else self.head(rows)
+                if p.task == T.TOKEN_CLASSIFY else self.head(rows)
         rows = rows.float()
         if self.pooling_type == "STEP":  # as upstream: columns, then tag rows, then activation
             if p.returned_token_ids:
@@ -147,7 +148,7 @@ class Pooler:
             if p.step_tag_id is not None:
                 ids = torch.tensor(s.token_ids, device=rows.device)
                 rows = rows[ids == p.step_tag_id]
-        if p.softmax or (p.task == "token_classify" and p.activation):
+        if p.softmax or (p.task == T.TOKEN_CLASSIFY and p.activation):
             rows = _label_activation(rows)  # one column: sigmoid (softmax of one is 1)
         return _own(rows)
 
