@@ -277,3 +277,11 @@ def test_truncated_token_ids_keep_their_last_tokens(bert_llm, bert_embed_dir):
     out = bert_llm.embed([{"prompt_token_ids": ids}], truncate_prompt_tokens=3,
                          use_tqdm=False)[0]
     assert out.prompt_token_ids == ids[-3:]
+
+
+def test_dimensions_not_in_the_list_use_upstreams_wording(qwen3_embed_dir):
+    """Upstream 0.33's words (also /v2/embed's output_dimension, which checks the same)."""
+    llm = LLM(model=qwen3_embed_dir, hf_overrides={"matryoshka_dimensions": [16, 32]})
+    with pytest.raises(ValueError, match=r"only supports Matryoshka dimensions \[16, 32\], "
+                                         r"got 24\.$"):
+        llm.embed(["hello"], pooling_params=PoolingParams(dimensions=24), use_tqdm=False)

@@ -141,7 +141,7 @@ def test_pad_prompts_on_other_tokenizers():
     from vllm.engine.padding import PaddingError, pad_prompts
     from vllm.engine.processor import TokenizedPrompt
     p = TokenizedPrompt([101, 7, 102], token_type_ids=[0, 0, 0])
-    pad_prompts([p], "max_length", SimpleNamespace(pad_token_id=0), 5)
+    (p,) = pad_prompts([p], "max_length", SimpleNamespace(pad_token_id=0), 5)  # a new prompt
     assert (p.prompt_token_ids, p.token_type_ids) == ([101, 7, 102, 0, 0], [0] * 5)
     with pytest.raises(PaddingError, match="needs a pad token") as err:
         pad_prompts([TokenizedPrompt([5])], "max_length", SimpleNamespace(pad_token_id=None), 4)

@@ -34,6 +34,9 @@ class PoolingParams:
     use_activation: Optional[bool] = None
     task: Optional[str] = None
     extra_kwargs: dict = field(default_factory=dict)
+    # set by a full `verify` (with the model): the front that built the request verified
+    # it, so the engine does not run the checks again (clones keep it)
+    verified: bool = field(default=False, repr=False, compare=False)
 
     def clone(self) -> "PoolingParams":
         return PoolingParams(**{k: (list(v) if isinstance(v, list) else
@@ -48,8 +51,11 @@ class PoolingParams:
     def verify(self, task: str, model_config: Optional[ModelFacts] = None) -> None:
         """Check that every set parameter belongs to `task`, fill defaults from the model.
 
-        Raises ValueError naming the parameters the task accepts.
+        Raises ValueError naming the parameters the task accepts. Runs once: params
+        already verified with a model for `task` are left as they are.
         """
+        if self.verified and self.task == task:
+            return
         if task not in POOLING_TASKS:
             raise ValueError(f"Unknown pooling task {task!r}; choose one of {POOLING_TASKS}.")
         if self.task is not None and self.task != task:
@@ -70,6 +76,7 @@ class PoolingParams:
                 f"are: {', '.join(allowed)}.")
         if model_config is not None:
             self._fill_from_model(task, model_config)
+            self.verified = True
 
     def _fill_from_model(self, task: str, model_config: ModelFacts) -> None:
         pooler = model_config.pooler_config

@@ -348,8 +348,8 @@ class ModelConfig(ModelTasks):
             raise ValueError("dimensions must be at least 1.")
         allowed = self.matryoshka_dimensions
         if allowed and dimensions not in allowed:
-            raise ValueError(f"Model {self.model!r} only supports {allowed} matryoshka "
-                             f"dimensions; got dimensions={dimensions}.")
+            raise ValueError(f"Model {self.model!r} only supports Matryoshka dimensions "
+                             f"{allowed}, got {dimensions}.")  # upstream 0.33's wording
 
     @property
     def score_activation(self) -> str:

@@ -8,6 +8,7 @@ unmasked text needs (SigLIP: 64 tokens); on a model trained with a mask the embe
 changes, as upstream's does. A prompt with images is refused rather than left unpadded."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 PADDINGS = ("max_length", "do_not_pad")
@@ -40,21 +41,23 @@ def padding_kwarg(tokenization_kwargs: Optional[dict]) -> Optional[str]:
 
 def pad_prompts(prompts: list, padding: Optional[str], tokenizer: Any,
                 max_len: int) -> list:
-    """`prompts` (TokenizedPrompts, changed in place and returned) padded to `max_len`
-    when `padding` is "max_length"; token type ids are padded with 0."""
+    """`prompts` (TokenizedPrompts) padded to `max_len` when `padding` is "max_length"
+    (new prompts; the list as it is otherwise); token type ids are padded with 0."""
     if check_padding(padding) != "max_length":
         return prompts
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         raise PaddingError("padding='max_length' needs a pad token, and this model's "
                            "tokenizer has none.")
+    out = []
     for p in prompts:
         if getattr(p, "images", None) is not None:
             raise PaddingError("padding='max_length' applies to text prompts; this prompt "
                                "has an image.")
         n = max_len - len(p.prompt_token_ids)
         if n > 0:
-            p.prompt_token_ids = list(p.prompt_token_ids) + [pad] * n
-            if p.token_type_ids is not None:
-                p.token_type_ids = list(p.token_type_ids) + [0] * n
-    return prompts
+            types = None if p.token_type_ids is None else list(p.token_type_ids) + [0] * n
+            p = dataclasses.replace(p, prompt_token_ids=list(p.prompt_token_ids) + [pad] * n,
+                                    token_type_ids=types)
+        out.append(p)
+    return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -43,8 +44,11 @@ def check_text(text: str, field: str = "input") -> str:
     return text
 
 
-@dataclass
+@dataclass(frozen=True)
 class TokenizedPrompt:
+    """A prompt ready for the engine. Immutable: a step that changes one (padding, a cache
+    salt, a sentence-transformers prompt length) makes a new one (`dataclasses.replace`)."""
+
     prompt_token_ids: list[int]
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None   # separates prefix-cache entries (e.g. per tenant)
@@ -277,8 +281,7 @@ class InputProcessor(SentenceTransformersPrompts, ImagePromptsMixin):
         else:
             raise ValueError(f"A prompt must be a str, a list of token ids or a dict; got "
                              f"{type(prompt).__name__}.")
-        out.cache_salt = salt
-        return out
+        return out if salt is None else dataclasses.replace(out, cache_salt=salt)
 
     def pad(self, prompts: list[TokenizedPrompt], padding: Optional[str]) -> list[TokenizedPrompt]:
         """Upstream's `padding` applied to tokenized prompts, up to max_model_len (see
@@ -321,8 +324,8 @@ class InputProcessor(SentenceTransformersPrompts, ImagePromptsMixin):
                 done = [self._try_one(prompts[i].text, truncate, side) for i in idx]
             for i, result in zip(idx, done):
                 if isinstance(result, TokenizedPrompt):
-                    result.prompt_len = prompts[i].prompt_len
-                    result.cache_salt = prompts[i].cache_salt
+                    result = dataclasses.replace(result, prompt_len=prompts[i].prompt_len,
+                                                 cache_salt=prompts[i].cache_salt)
                 out[i] = result
         return out  # type: ignore[return-value]
 

@@ -1,6 +1,7 @@
 """LLM: the offline API (`encode`, `embed`, `classify`, `score`, `reward`)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Optional, Sequence, Union
 
@@ -200,8 +201,8 @@ class LLM:
         processor = self.llm_engine.processor
         tokenized = processor.pad(processor.tokenize_many(prompt_list, truncate_prompt_tokens,
                                                           truncation_side), padding)
-        for t in tokenized:
-            t.prompt_len = prompt_len
+        if prompt_len is not None:
+            tokenized = [dataclasses.replace(t, prompt_len=prompt_len) for t in tokenized]
         params_list = _per_prompt(params, PoolingParams, len(prompt_list), "PoolingParams")
         return self._run_tokenized(tokenized, params_list, task, use_tqdm, lora)
 
@@ -209,9 +210,10 @@ class LLM:
                        params: list[Optional[PoolingParams]], task: str,
                        use_tqdm: bool, lora: LoRAArg = None) -> list[PoolingRequestOutput]:
         engine = self.llm_engine
-        verified = []
+        verified = []  # checked here, once (the engine takes verified params as they are)
         for p in params:
             p = p.clone() if p is not None else PoolingParams()
+            p.verified = False  # a caller's params may have been verified for another model
             p.verify(task, engine.model_config)
             verified.append(p)
         loras = _per_prompt(lora, LoRARequest, len(tokenized), "lora_request entries")

@@ -3,6 +3,7 @@ request ids, input normalisation, and running a batch of prompts with abort-on-d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextvars
 import itertools
 import time
@@ -172,10 +173,11 @@ class ServingContext:
         return Depends(guard)
 
     def make_params(self, task: str, **fields: Any) -> PoolingParams:
-        """PoolingParams for `task`, validated now so a bad parameter is a 400 up front."""
+        """PoolingParams for `task`, verified now (once: the engine takes them as they are)
+        so that a bad parameter is a 400 up front."""
         params = PoolingParams(**{k: v for k, v in fields.items() if v is not None})
         try:
-            params.clone().verify(task, self.model_config)
+            params.verify(task, self.model_config)
         except ValueError as exc:
             wrong = [k for k, v in fields.items() if v is not None and k in str(exc)]
             raise bad_request(str(exc), wrong[0] if wrong else None) from exc
@@ -264,8 +266,8 @@ class ServingContext:
         engine refuses is a 400 naming `param`. `salt`: the request's `cache_salt`, which
         keeps its cached prefixes apart from every other salt's."""
         engine = self.engine
-        for p in prompts if salt is not None else ():
-            p.cache_salt = salt
+        if salt is not None:
+            prompts = [dataclasses.replace(p, cache_salt=salt) for p in prompts]
         self.limits.check_room(engine.num_pending, len(prompts))
         start = time.perf_counter()
         # Engine ids stay unique even when clients reuse an X-Request-Id.

@@ -1,6 +1,7 @@
 """POST /v1/embeddings, /pooling and /classify: one engine request per input."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
@@ -65,8 +66,7 @@ class ServingPooling:
                 ctx.engine.processor.prompt_len, raw_inputs,
                 getattr(body, "prompt_name", None), getattr(body, "prompt", None),
                 task == PoolingTask.EMBED)
-            for p in prompts:
-                p.prompt_len = n
+            prompts = [dataclasses.replace(p, prompt_len=n) for p in prompts]
         response_id = ctx.response_id(http, prefix, body)
         outputs = await ctx.run(http, prompts, params, response_id,
                                 salt=getattr(body, "cache_salt", None))

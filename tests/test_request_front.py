@@ -1,0 +1,58 @@
+"""The request fronts (LLM, the server) check a request once and hand the engine immutable
+prompts: PoolingParams.verify runs once per request on either front, and a TokenizedPrompt
+cannot be patched after it is built."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from servers import Server, _engine
+
+from vllm.engine.processor import TokenizedPrompt
+from vllm.pooling_params import PoolingParams
+
+
+def _count_fills(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = PoolingParams._fill_from_model
+
+    def counting(self, task, model_config):
+        calls.append(task)
+        return real(self, task, model_config)
+    monkeypatch.setattr(PoolingParams, "_fill_from_model", counting)
+    return calls
+
+
+def test_offline_front_verifies_each_request_once(shared_llm, minilm_dir, monkeypatch):
+    llm = shared_llm(minilm_dir)
+    calls = _count_fills(monkeypatch)
+    outs = llm.embed(["one", "two", "three"], pooling_params=PoolingParams(dimensions=None))
+    assert len(outs) == 3 and calls == ["embed"] * 3
+
+
+def test_server_front_verifies_each_request_once(minilm_dir, monkeypatch):
+    server = Server(_engine(minilm_dir))
+    try:
+        calls = _count_fills(monkeypatch)
+        resp = server.post("/v1/embeddings", {"input": ["one", "two", "three"]})
+        assert resp.status_code == 200 and len(resp.json()["data"]) == 3
+        assert calls == ["embed"]  # once, at the front, for the request's shared params
+    finally:
+        server.close()
+
+
+def test_params_verified_for_another_model_are_checked_again(shared_llm, minilm_dir,
+                                                            monkeypatch):
+    params = PoolingParams()
+    params.verify("embed", shared_llm(minilm_dir).llm_engine.model_config)
+    calls = _count_fills(monkeypatch)
+    shared_llm(minilm_dir).embed(["x"], pooling_params=params)
+    assert calls == ["embed"]
+
+
+def test_a_tokenized_prompt_is_immutable():
+    p = TokenizedPrompt([101, 7, 102])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cache_salt = "tenant"  # type: ignore[misc]
+    salted = dataclasses.replace(p, cache_salt="tenant")
+    assert (p.cache_salt, salted.cache_salt) == (None, "tenant")
