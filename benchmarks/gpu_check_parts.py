@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import pathlib
 import random
 import tempfile
@@ -27,6 +28,12 @@ PARITY = {"bert_embed_dir": ("embed", "CLS", False), "roberta_embed_dir": ("embe
           "bert_cls3_dir": ("classify", None, False), "xlmr_cls_dir": ("classify", None, False),
           "qwen3_cls_dir": ("classify", None, False), "llama_cls_dir": ("classify", None, False)}
 QUICK_PARITY = ("qwen3_cls_dir",)  # + MiniLM (BERT) vs sentence-transformers
+TRITON = "TRITON_ATTN"
+# the causal families (whose cache readers TRITON_ATTN reads in place), and one decoder
+# made bidirectional, so the kernel's non-causal variant compiles and runs on the GPU too
+TRITON_PARITY = ("qwen2_embed_dir", "qwen3_embed_dir", "llama_embed_dir", "qwen3_cls_dir",
+                 "llama_cls_dir", "qwen2_bidir_dir")
+_REFERENCES: dict = {}   # checkpoint name -> (texts, transformers outputs), for both passes
 
 
 def machine(device: str) -> dict:
@@ -99,17 +106,21 @@ def parity(work: pathlib.Path, device: str, dtypes: list[str], quick: bool) -> l
     return results
 
 
-def _family_parity(work: pathlib.Path, device: str, dtypes: list[str], name: str) -> list:
+def _family_parity(work: pathlib.Path, device: str, dtypes: list[str], name: str,
+                   suffix: str = "") -> list:
     task, pooling, bidir = PARITY[name]
     path = str(mf.build(name, work))
-    tok = mf.hf_tokenizer(path)
-    texts = mf.mixed_prompts(tok)
-    want = [_reference(path, task, pooling, bidir, list(tok(t)["input_ids"])) for t in texts]
+    if name not in _REFERENCES:
+        tok = mf.hf_tokenizer(path)
+        texts = mf.mixed_prompts(tok)
+        _REFERENCES[name] = texts, [_reference(path, task, pooling, bidir,
+                                               list(tok(t)["input_ids"])) for t in texts]
+    texts, want = _REFERENCES[name]
     results = []
     for dtype in dtypes:
         llm = LLM(path, device=device, dtype=dtype)
         value = _agreement(task, _vectors(llm, task, texts), want)
-        results.append({"name": f"parity {name} {dtype}", "task": task, "value": value,
+        results.append({"name": f"parity {name} {dtype}{suffix}", "task": task, "value": value,
                         "backend": llm.llm_engine.runner.attention_backend,
                         "ok": _ok(task, value, TOL[dtype])})
         _free(llm)
@@ -148,7 +159,7 @@ def exactness(work: pathlib.Path, device: str, dtypes: list[str], quick: bool) -
 
 
 def _exactness(work: pathlib.Path, device: str, dtypes: list[str], name: str,
-               task: str) -> list[dict]:
+               task: str, suffix: str = "") -> list[dict]:
     results = []
     path = str(mf.build(name, work))
     prompts = [{"prompt_token_ids": p} for p in _shared_prefix_prompts(4, 480)]
@@ -164,13 +175,74 @@ def _exactness(work: pathlib.Path, device: str, dtypes: list[str], name: str,
                                else o.outputs.embedding) for o in outs]
         cached = sum(o.num_cached_tokens for o in outs)
         value = _agreement(task, first + second, ref + ref)
-        results.append({"name": f"exactness {name} {dtype}", "task": task, "value": value,
+        results.append({"name": f"exactness {name} {dtype}{suffix}", "task": task,
+                        "value": value,
                         "cached_tokens_second_pass": cached,
                         "backend": on.llm_engine.runner.attention_backend,
                         "ok": cached > 0 and _ok(task, value, TOL[dtype], same=True)})
         _free(on)
         _free(off)
     return results
+
+
+@contextlib.contextmanager
+def attention_backend(name: str):
+    """VLLM_ATTENTION_BACKEND=name while the block runs: `LLM` reads it (through vllm.envs)
+    when it builds the model, so every engine made inside runs on `name`."""
+    old = os.environ.get("VLLM_ATTENTION_BACKEND")
+    os.environ["VLLM_ATTENTION_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_ATTENTION_BACKEND")
+        else:
+            os.environ["VLLM_ATTENTION_BACKEND"] = old
+
+
+def triton_unavailable(device: str, dtypes: list[str]) -> str:
+    """Why TRITON_ATTN cannot run on `device` ('' where it can), as the engine would refuse
+    it at start-up (on the CPU: without TRITON_INTERPRET=1)."""
+    from vllm.platforms import platform_for
+    platform = platform_for(device)
+    for dtype in dtypes:
+        why_not = platform.backend_unavailable(TRITON, getattr(torch, dtype), [32, 128])
+        if why_not:
+            return why_not
+    return ""
+
+
+def triton_pass(work: pathlib.Path, device: str, dtypes: list[str], quick: bool,
+                repeats: int, timing_dtype: str) -> dict:
+    """The causal families' parity, the exactness cases and the prefix-rerank timing again
+    with VLLM_ATTENTION_BACKEND=TRITON_ATTN; {"skipped": why} where it cannot run."""
+    why_not = triton_unavailable(device, sorted({*dtypes, timing_dtype}))
+    if why_not:
+        print(f"skip {TRITON}: {why_not}", flush=True)
+        return {"skipped": why_not}
+    result: dict = {"parity": [], "exactness": []}
+    suffix = f" {TRITON}"
+    with attention_backend(TRITON):
+        for name in (QUICK_PARITY if quick else TRITON_PARITY):
+            guarded(result["parity"], f"parity {name}{suffix}", PARITY[name][0],
+                    lambda name=name: _family_parity(work, device, dtypes, name, suffix))
+        cases = (("qwen3_embed_dir", "embed"), ("qwen3_cls_dir", "classify"))
+        for name, task in cases[1:] if quick else cases:
+            guarded(result["exactness"], f"exactness {name}{suffix}", task,
+                    lambda name=name, task=task: _exactness(work, device, dtypes, name, task,
+                                                            suffix))
+        timing: list = []
+        guarded(timing, "prefix_rerank" + suffix, "timing", lambda: [time_prefix_rerank(
+            work, device, quick, repeats, timing_dtype)])
+        result["prefix_rerank"] = timing[0]
+    return result
+
+
+def triton_failures(result: dict) -> list[str]:
+    if "skipped" in result:
+        return []
+    failed = [c["name"] for c in result["parity"] + result["exactness"] if not c["ok"]]
+    return failed + (["prefix_rerank " + TRITON] if "error" in result["prefix_rerank"] else [])
 
 
 def _sync(device: str) -> None:
@@ -226,7 +298,9 @@ def time_prefix_rerank(work: pathlib.Path, device: str, quick: bool, repeats: in
                        dtype: str) -> dict:
     """Shared-prefix reranking, prefix cache on vs off (fresh cache every run)."""
     n, prefix_len, doc_len = (8, 48, 8) if quick else (256, 800, 64)
-    path = _qwen3_classifier(work / "qwen3_0.6b_shape", quick)
+    path = work / "qwen3_0.6b_shape"
+    if not (path / "config.json").exists():   # built once for both backends' timings
+        _qwen3_classifier(path, quick)
     rng = random.Random(0)
     prefix = [rng.randrange(1000, 30000) for _ in range(prefix_len)]
     prompts = [{"prompt_token_ids": prefix + [rng.randrange(1000, 30000) for _ in range(doc_len)]}
@@ -248,6 +322,7 @@ def time_prefix_rerank(work: pathlib.Path, device: str, quick: bool, repeats: in
     b = [o.outputs.probs[0] for o in llms["cache_off"].classify(prompts, use_tqdm=False)]
     times = interleave({k: run(k) for k in llms}, repeats)
     med = {k: median(v) for k, v in times.items()}
+    backend = llms["cache_on"].llm_engine.runner.attention_backend
     block = llms["cache_on"].llm_engine.vllm_config.cache_config.block_size
     total = n * (prefix_len + doc_len)
     ideal = total / (total - (n - 1) * (prefix_len // block) * block)
@@ -256,12 +331,14 @@ def time_prefix_rerank(work: pathlib.Path, device: str, quick: bool, repeats: in
     flops = model_flops([prefix_len + doc_len] * n, _linear_params(model),
                         cfg.num_hidden_layers, cfg.num_attention_heads * cfg.head_dim, causal=True)
     speedup = med["cache_off"] / med["cache_on"]
+    for name in list(llms):   # before another backend's pair is built
+        _free(llms.pop(name))
+    del model
     return {"dtype": dtype, "prompts": n, "prefix_tokens": prefix_len, "doc_tokens": doc_len, "block_size": block,
             "seconds": times, "speedup": speedup, "ideal_speedup": ideal,
             "fraction_of_ideal": speedup / ideal, "goal_fraction": 0.8,
             "max_abs_prob_diff": max(abs(x - y) for x, y in zip(a, b)),
-            "backend": llms["cache_on"].llm_engine.runner.attention_backend,
-            "mfu_uncached": flops / med["cache_off"] / PEAK_BF16}
+            "backend": backend, "mfu_uncached": flops / med["cache_off"] / PEAK_BF16}
 
 
 def _linear_params(backbone: torch.nn.Module) -> int:
@@ -289,4 +366,24 @@ def print_summary(report: dict) -> None:
         print(f"Prefix rerank: cached {p['speedup']:.2f}x vs uncached, ideal "
               f"{p['ideal_speedup']:.2f}x = {100 * p['fraction_of_ideal']:.0f}% of ideal "
               f"(goal 80%); uncached MFU {100 * p['mfu_uncached']:.2f}%; backend {p['backend']}")
+    _print_triton(report.get("triton_attn", {}), report["prefix_rerank"])
     print(f"total {report['seconds']:.0f} s; failed: {report['failed'] or 'none'}")
+
+
+def _print_triton(result: dict, default: dict) -> None:
+    if "skipped" in result:
+        print(f"{TRITON}: skipped ({result['skipped']})")
+        return
+    for check in result.get("parity", []) + result.get("exactness", []):
+        kind = "max |diff|" if check["task"] == "classify" else "min cos"
+        print(f"{'ok  ' if check['ok'] else 'FAIL'} {check['name']:<52} {kind} "
+              f"{check['value']:.6f} {check.get('backend', '')}")
+    p = result.get("prefix_rerank", {})
+    if "error" in p:
+        print(f"FAIL prefix_rerank {TRITON}: {p['error'].strip().splitlines()[-1]}")
+    elif p:
+        cached = {b["backend"]: median(b["seconds"]["cache_on"]) for b in (default, p)
+                  if "error" not in b}
+        print(f"Prefix rerank {TRITON}: cached {p['speedup']:.2f}x vs uncached "
+              f"({100 * p['fraction_of_ideal']:.0f}% of ideal); cached-run medians: " +
+              ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cached.items()))

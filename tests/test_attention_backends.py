@@ -43,7 +43,7 @@ def test_cpu_native_layout_shares_tiles_of_a_common_prefix():
 
 
 def test_registry_names_and_refusal():
-    assert BACKEND_NAMES == ("CPU_NATIVE", "TORCH_SDPA", "FLASH_ATTN")
+    assert BACKEND_NAMES == ("CPU_NATIVE", "TORCH_SDPA", "FLASH_ATTN", "TRITON_ATTN")
     assert {get_backend(n).name for n in BACKEND_NAMES} == set(BACKEND_NAMES)
     with pytest.raises(ValueError, match="valid backends: CPU_NATIVE, TORCH_SDPA, FLASH_ATTN"):
         check_backend_name("XFORMERS")

@@ -36,7 +36,8 @@ def _str(value: str) -> str:
 environment_variables: dict[str, EnvVar] = {
     # ----- engine --------------------------------------------------------------------
     "VLLM_ATTENTION_BACKEND": EnvVar(None, _upper, "Force the attention backend: CPU_NATIVE, "
-                                     "TORCH_SDPA or FLASH_ATTN (default: the platform's choice)."),
+                                     "TORCH_SDPA, FLASH_ATTN or TRITON_ATTN (default: the "
+                                     "platform's choice)."),
     "VLLM_CPU_KVCACHE_SPACE": EnvVar("4", _gib, "KV cache size on CPU, in GiB (default 4)."),
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": EnvVar("0", _flag, "Allow max_model_len above the derived "
                                             "limit, up to the model's position limit."),
@@ -92,6 +93,9 @@ environment_variables: dict[str, EnvVar] = {
     "TOKENIZERS_PARALLELISM": EnvVar(None, _flag, "Hugging Face tokenizers' thread pool; the "
                                      "CPU server sets false where unset."),
     "HF_HUB_OFFLINE": EnvVar("0", _flag, "1: never reach the Hugging Face Hub."),
+    "TRITON_INTERPRET": EnvVar("0", _flag, "Triton's own variable: 1 runs @triton.jit "
+                               "kernels on CPU tensors in its interpreter (slow: tests). "
+                               "vllm reads it to allow TRITON_ATTN on the CPU."),
     # ----- scale-out ---------------------------------------------------------------------
     "RAY_ADDRESS": EnvVar(None, _str, "Ray cluster for --data-parallel-backend ray when "
                           "--ray-address is not given (else a local cluster is started)."),

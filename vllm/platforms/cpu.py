@@ -22,7 +22,8 @@ import torch
 from vllm import envs
 from vllm.logger import init_logger
 from vllm.platforms import cpu_malloc
-from vllm.platforms.interface import GiB, IdleTask, Platform, ServingPolicy
+from vllm.platforms.interface import (GiB, IdleTask, Platform, ServingPolicy,
+                                      triton_attn_unavailable)
 from vllm.platforms.process import SHAPE_CACHE_ENVS
 
 logger = init_logger(__name__)
@@ -104,6 +105,11 @@ class CpuPlatform(Platform):
                             head_dims: Sequence[int]) -> Optional[str]:
         if name == "TORCH_SDPA":
             return None
+        if name == "TRITON_ATTN":
+            if not envs.TRITON_INTERPRET:
+                return ("its Triton kernels need a GPU; on the CPU they run only in Triton's "
+                        "interpreter (TRITON_INTERPRET=1, slow: for tests)")
+            return triton_attn_unavailable(dtype, head_dims)
         if name != "CPU_NATIVE":
             return super().backend_unavailable(name, dtype, head_dims)
         from vllm._kernels.cpu_kernels import kernel_status, varlen_attention_kernel

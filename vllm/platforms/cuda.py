@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from vllm.logger import init_logger
-from vllm.platforms.interface import GiB, Platform, ServingPolicy
+from vllm.platforms.interface import GiB, Platform, ServingPolicy, triton_attn_unavailable
 
 logger = init_logger(__name__)
 
@@ -77,6 +77,12 @@ class CudaPlatform(Platform):
                             head_dims: Sequence[int]) -> Optional[str]:
         if name == "TORCH_SDPA":
             return None
+        if name == "TRITON_ATTN":
+            why_not = triton_attn_unavailable(dtype, head_dims)
+            if why_not is None and dtype == torch.bfloat16 and \
+                    torch.cuda.get_device_capability(self.device) < (8, 0):
+                why_not = "bfloat16 Triton dots need compute capability 8.0 or newer"
+            return why_not
         if name != "FLASH_ATTN":
             return super().backend_unavailable(name, dtype, head_dims)
         if dtype not in FLASH_DTYPES:

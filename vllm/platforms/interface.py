@@ -8,6 +8,7 @@ Models, the runner and the server ask it; none of them tests the device itself.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional, Protocol, Sequence
 
@@ -20,6 +21,21 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 GiB = 1 << 30
+
+
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_attn_unavailable(dtype: torch.dtype, head_dims: Sequence[int]) -> Optional[str]:
+    """Why TRITON_ATTN's kernels cannot run this model on any device (None: they can)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if dtype not in TRITON_DTYPES:
+        return f"it runs float32, float16 and bfloat16, not {str(dtype).replace('torch.', '')}"
+    bad = sorted({d for d in head_dims if d > 256})
+    if bad:
+        return f"head size {bad[0]} is above 256"
+    return None
 
 
 @dataclass(frozen=True)

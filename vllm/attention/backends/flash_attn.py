@@ -4,10 +4,9 @@ Requests that read no cache (laid out last) take one call over their packed rows
 (`cu_seqlens` offsets, no padding). Cache readers (laid out first) take a second call whose
 keys are gathered from their paged blocks into one packed [sum(k + n), Hkv, D] tensor;
 flash attention aligns the causal mask bottom-right when a request has more keys than
-queries, which is exactly "n new queries after k cached keys". A Triton kernel reading the
-paged blocks in place was not written: no GPU was available to show that it beats this
-gather (benchmarks/gpu_check.py times the cached workload, so the gather's cost shows
-there). Grouped-query heads are passed through (flash attention handles Hkv < Hq).
+queries, which is exactly "n new queries after k cached keys". TRITON_ATTN reads the paged
+blocks in place instead (no gather); benchmarks/gpu_check.py times both on the cached
+workload. Grouped-query heads are passed through (flash attention handles Hkv < Hq).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ _BACKENDS = {
     "CPU_NATIVE": ("vllm.attention.backends.cpu_native", "CpuNativeBackend"),
     "TORCH_SDPA": ("vllm.attention.backends.torch_sdpa", "TorchSdpaBackend"),
     "FLASH_ATTN": ("vllm.attention.backends.flash_attn", "FlashAttentionBackend"),
+    "TRITON_ATTN": ("vllm.attention.backends.triton_attn", "TritonAttentionBackend"),
 }
 BACKEND_NAMES = tuple(_BACKENDS)
 

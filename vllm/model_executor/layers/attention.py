@@ -10,7 +10,9 @@ The backend (vllm/attention/backends) is chosen once per model by the platform a
 the model runner (`bind_attention`); an unbound layer runs TORCH_SDPA, the reference.
 Two optional per-layer features (ModernBERT, Gemma 2/3), `window` = (left, right) and
 `softcap`, take the device-neutral masked path (`backends/masked.py`) in the steps where
-they change a score.
+they change a score, unless the backend applies them itself. Two optional backend hooks
+(TRITON_ATTN has both): `write_kv(layer, k, v, meta)` replaces the cache write, and a true
+`handles_window_softcap` keeps windowed/softcapped steps on the backend.
 """
 from __future__ import annotations
 
@@ -48,9 +50,15 @@ class Attention(nn.Module):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.kv_cache is not None and meta.slot_mapping is not None:
-            self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
-            self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-        if (self.window is not None or self.softcap is not None) and needs_mask(self, meta):
+            write_kv = getattr(self.backend, "write_kv", None)   # optional backend hook
+            if write_kv is not None:
+                write_kv(self, k, v, meta)
+            else:
+                self.kv_cache[0].index_copy_(0, meta.slot_mapping, k)
+                self.kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        if (self.window is not None or self.softcap is not None) and \
+                not getattr(self.backend, "handles_window_softcap", False) and \
+                needs_mask(self, meta):
             return masked_attention(self, q, k, v, meta).reshape(t, -1)
         return self.backend.forward(self, q, k, v, meta).reshape(t, -1)
 
