@@ -28,6 +28,9 @@ def prefix_features_supported(model_config: ModelConfig) -> tuple[bool, str]:
     if not model_config.is_causal:
         return False, ("the model's attention is bidirectional (is_causal: false or "
                        "use_bidirectional_attention: true)")
+    if model_config.whole_sequences:
+        return False, (f"the Transformers backend runs {model_config.architecture} whole "
+                       f"({model_config.whole_reason})")
     if pooling != "LAST":
         return False, f"pooling type is {_pooling_name(model_config)}, not LAST"
     return True, "LAST pooling with causal attention"
@@ -47,7 +50,8 @@ def exact_on_request(model_config: ModelConfig) -> Optional[str]:
     CLS/MEAN/ALL/STEP pooling), else None."""
     supported, _ = prefix_features_supported(model_config)
     pooling = model_config.gate_pooling_type
-    causal = model_config.arch.base.is_causal and model_config.is_causal
+    causal = model_config.arch.base.is_causal and model_config.is_causal and \
+        not model_config.whole_sequences
     return _pooling_name(model_config) if causal and not supported and \
         pooling in ON_REQUEST_POOLING else None
 

@@ -14,7 +14,8 @@ from vllm.config.pooler import PoolerConfig
 from vllm.config.tasks import ModelTasks
 from vllm.logger import init_logger
 from vllm.model_executor.models.registry import (ResolvedArch, config_pooling_type,
-                                                 convert_architecture, resolve_architecture)
+                                                 convert_architecture)
+from vllm.model_executor.models.transformers_arch import resolve_model_impl, routing_refusal
 from vllm.platforms import platform_for, resolve_device
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
@@ -46,6 +47,7 @@ class ModelConfig(ModelTasks):
     override_pooler_config: Optional[Union[PoolerConfig, dict]] = None
     trust_remote_code: bool = False
     revision: Optional[str] = None
+    model_impl: str = "auto"                         # auto | vllm | transformers
     device: str = "auto"
     seed: int = 0
     # Long inputs and compact outputs (request defaults; see docs/architecture.md)
@@ -63,6 +65,11 @@ class ModelConfig(ModelTasks):
     arch: ResolvedArch = field(init=False)
     st_config: Optional[SentenceTransformersConfig] = field(init=False)
     pooler_config: PoolerConfig = field(init=False)
+    impl: str = field(init=False)                    # "vllm" (native) or "transformers"
+    # The Transformers backend runs each request whole with the class's own attention
+    # (it cannot take the engine's): prefix caching and chunked prefill stay off.
+    whole_sequences: bool = field(init=False, default=False)
+    whole_reason: Optional[str] = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.path = resolve_model_path(self.model, self.revision)
@@ -109,15 +116,16 @@ class ModelConfig(ModelTasks):
                                  f"{sorted(set(_TASK_TO_CONVERT))}.")
             if self.convert == "auto":
                 self.convert = _TASK_TO_CONVERT[self.task]
-                if self.task == "score" and resolve_architecture(
-                        self.hf_config.architectures[0]).native_convert == "embed":
+                if self.task == "score" and resolve_model_impl(
+                        self.hf_config.architectures[0], self.model_impl,
+                        self.hf_config)[0].native_convert == "embed":
                     self.convert = "embed"  # as upstream: an embedding model scores by cosine
         if self.runner not in ("auto", "pooling"):
             raise ValueError(f"runner={self.runner!r} is not supported: this engine serves "
                              "pooling models only; use runner='pooling' (or 'auto').")
         self.runner = "pooling"
         arch_name = self.hf_config.architectures[0]
-        arch = resolve_architecture(arch_name)
+        arch = self._resolve_impl(arch_name)
         if self.convert not in ("auto", "none", "embed", "classify", "reward"):
             raise ValueError(f"convert={self.convert!r} is not supported; use one of auto, "
                              "embed, classify, reward.")
@@ -129,6 +137,30 @@ class ModelConfig(ModelTasks):
             and convert == "embed" else "by architecture"
         logger.info("Resolved architecture: %s, runner: pooling, convert: %s (%s)",
                     arch_name, convert, how)
+
+    def _resolve_impl(self, arch_name: str) -> ResolvedArch:
+        """Native class or Transformers backend (`model_impl`), logged with the reason;
+        on the backend, whether its attention can run on the engine's."""
+        arch, self.impl, why = resolve_model_impl(arch_name, self.model_impl, self.hf_config)
+        logger.info("Model implementation for %s: %s (%s).", arch_name,
+                    "Transformers backend" if self.impl == "transformers" else "native", why)
+        if self.impl == "transformers":
+            if self.quantization is not None:
+                raise ValueError(f"quantization={self.quantization!r} applies to the "
+                                 "engine's own projections; the Transformers backend runs "
+                                 "transformers' layers. Leave quantization unset.")
+            reason = routing_refusal(self.hf_config)
+            if reason is not None:
+                self.mark_whole_sequences(reason)
+        return arch
+
+    def mark_whole_sequences(self, reason: str) -> None:
+        """The Transformers backend cannot route this class's attention: every request
+        runs whole, so prefix caching and chunked prefill are off (one WARNING)."""
+        self.whole_sequences, self.whole_reason = True, reason
+        logger.warning("Transformers backend: %s, so each request runs whole with the "
+                       "class's own attention; prefix caching and chunked prefill are off.",
+                       reason)
 
     # ----- pooler config -------------------------------------------------------------
     def _resolve_pooler_config(self) -> PoolerConfig:

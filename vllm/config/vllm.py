@@ -33,5 +33,15 @@ class VllmConfig:
 
     @property
     def uses_kv_cache(self) -> bool:
-        """Causal models keep K/V in the paged cache; bidirectional ones keep none."""
-        return self.model_config.is_causal
+        """Causal models keep K/V in the paged cache; bidirectional ones keep none, nor
+        does a Transformers backbone that runs whole sequences with its own attention."""
+        return self.model_config.is_causal and not self.model_config.whole_sequences
+
+    def run_whole_sequences(self, reason: str) -> None:
+        """The model found at load that it cannot take the engine's attention (the
+        Transformers backend's probe): turn prefix caching and chunked prefill off before
+        the scheduler is built."""
+        self.model_config.mark_whole_sequences(reason)
+        self.cache_config.enable_prefix_caching = False
+        self.scheduler_config.enable_chunked_prefill = False
+        self.scheduler_config.finalize(self.model_config.max_model_len)

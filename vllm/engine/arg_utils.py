@@ -20,7 +20,7 @@ IGNORED_ARGS = (
     "served_model_name", "enable_prefix_caching_hash_algo", "prefix_caching_hash_algo",
     "async_scheduling", "disable_log_requests", "enable_log_requests",
     "calculate_kv_scales", "override_generation_config", "generation_config",
-    "guided_decoding_backend", "logits_processor_pattern", "model_impl", "scheduling_policy",
+    "guided_decoding_backend", "logits_processor_pattern", "scheduling_policy",
     "max_num_partial_prefills", "cuda_graph_sizes", "disable_sliding_window", "hf_token",
 )
 # Arguments that would change results or resources and that this engine cannot honour:
@@ -47,6 +47,7 @@ class EngineArgs:
     override_pooler_config: Optional[Union[PoolerConfig, dict]] = None
     trust_remote_code: bool = False
     revision: Optional[str] = None
+    model_impl: str = "auto"
     device: str = "auto"
     seed: int = 0
     block_size: int = 16
@@ -98,7 +99,8 @@ class EngineArgs:
             max_model_len=self.max_model_len, hf_overrides=self.hf_overrides,
             override_pooler_config=self.override_pooler_config,
             trust_remote_code=self.trust_remote_code, revision=self.revision,
-            device=self.device, seed=self.seed, truncation_side=self.truncation_side,
+            model_impl=self.model_impl, device=self.device, seed=self.seed,
+            truncation_side=self.truncation_side,
             embedding_calibration=self.embedding_calibration,
             rerank_max_chunks_per_doc=self.rerank_max_chunks_per_doc,
             limit_mm_per_prompt=self.limit_mm_per_prompt,

@@ -53,7 +53,10 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
     cls = load_model_class(mc.arch.base)
     names = {name for name, _ in _names_only(mc)}
     with platform.device, _no_random_init():
-        backbone = cls(mc.hf_config)
+        # A backbone that loads its own checkpoint (the Transformers backend) is built from
+        # the whole ModelConfig; the rest from the HF config, then filled by `_load`.
+        backbone = cls.from_model_config(mc) if hasattr(cls, "from_model_config") \
+            else cls(mc.hf_config)
         head = _build_head(mc, cls, names)
         dense = [DenseLayer(s) for s in mc.st_config.dense] \
             if (mc.st_config is not None and mc.convert == "embed") else []

@@ -33,6 +33,9 @@ class ModelRunner:
         self.device = self.platform.device
         self.platform.prepare(mc.dtype)
         self.model = build_model(mc, self.platform)
+        reason = getattr(self.model.model, "whole_reason", None)
+        if reason is not None and not mc.whole_sequences:  # found by the load-time probe
+            vllm_config.run_whole_sequences(reason)
         self.attention_backend = self.model.attention_backend
         self.pooler = Pooler(mc.pooler_config.pooling_type, self.model, mc.score_activation
                              if mc.convert == "classify" else "identity")

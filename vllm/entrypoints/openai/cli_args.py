@@ -21,7 +21,7 @@ DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "quantization",
                   "max_model_len",
                   "hf_overrides", "override_pooler_config", "trust_remote_code", "revision",
-                  "device", "seed", "block_size", "enable_prefix_caching",
+                  "model_impl", "device", "seed", "block_size", "enable_prefix_caching",
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
                   "long_prefill_token_threshold", "num_gpu_blocks_override",
                   "gpu_memory_utilization", "truncation_side", "embedding_calibration",
@@ -182,6 +182,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--trust-remote-code", action="store_true",
                         help="Allow the model's own configuration code.")
     engine.add_argument("--revision", default=None, help="Model revision (branch, tag, commit).")
+    engine.add_argument("--model-impl", default="auto", choices=["auto", "vllm", "transformers"],
+                        help="auto: the engine's own implementation where it has one, else "
+                        "the Transformers backend; vllm: native only; transformers: always "
+                        "the Transformers backend.")
     engine.add_argument("--device", default="auto", help="auto, cpu or cuda.")
     engine.add_argument("--seed", type=int, default=0, help="Random seed.")
     engine.add_argument("--block-size", type=int, default=16,

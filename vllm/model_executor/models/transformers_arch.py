@@ -1,0 +1,124 @@
+"""Which implementation serves an architecture: the engine's own or the Transformers backend.
+
+`model_impl` (upstream's `--model-impl`): `auto` takes the native class where the
+architecture table resolves it, else the Transformers backend when `transformers` has the
+class; `vllm` only the native one; `transformers` always the backend. The backend's
+facts are decided here, at config time, from the `transformers` classes alone (no weights):
+causal or bidirectional, and whether its attention can be routed through the engine's.
+
+No torch import at module level: transformers' classes are imported only when an
+architecture actually needs the backend.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+from vllm.model_executor.models.registry import ModelEntry, ResolvedArch, resolve_architecture
+
+MODEL_IMPLS = ("auto", "vllm", "transformers")
+BACKEND_MODULE, BACKEND_CLASS = "transformers_backend", "TransformersModel"
+
+# Task suffixes of causal LM classes the backend serves through an engine head.
+_CAUSAL_HEADS = {"ForSequenceClassification": ("classify", "LAST"),
+                 "ForTokenClassification": ("classify", "ALL")}
+# Suffixes whose checkpoint holds a base model the backend serves for embeddings.
+_EMBED_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "Model")
+
+
+def resolve_model_impl(arch_name: str, model_impl: str,
+                       hf_config: Any) -> tuple[ResolvedArch, str, str]:
+    """(resolved architecture, "vllm" | "transformers", why) for `model_impl`."""
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl={model_impl!r} is not supported; use one of "
+                         f"{', '.join(MODEL_IMPLS)}.")
+    try:
+        native: Optional[ResolvedArch] = resolve_architecture(arch_name)
+        native_error = ""
+    except ValueError as exc:
+        native, native_error = None, str(exc)
+    if model_impl == "vllm":
+        if native is None:
+            raise ValueError(
+                f"{arch_name} has no native implementation in this engine, and "
+                f"model_impl='vllm' asks for one. Pass --model-impl transformers "
+                f"(LLM(model_impl='transformers')) or leave model_impl 'auto' to run it on "
+                f"the Transformers backend.")
+        return native, "vllm", "model_impl='vllm'"
+    if model_impl == "auto" and native is not None:
+        return native, "vllm", "the engine implements it natively"
+    if native is not None and native.base.multimodal:
+        raise ValueError(f"{arch_name} takes images; the Transformers backend serves text "
+                         "models only. Use model_impl='auto' or 'vllm'.")
+    arch = backend_architecture(arch_name, hf_config, native_error)
+    why = "model_impl='transformers'" if model_impl == "transformers" else \
+        "the engine has no native implementation and transformers implements the class"
+    return arch, "transformers", why
+
+
+def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "") -> ResolvedArch:
+    """The Transformers backend's ResolvedArch for `arch_name` (ValueError where it cannot)."""
+    import transformers
+    if getattr(transformers, arch_name, None) is None:
+        raise ValueError(f"{native_error} transformers {transformers.__version__} has no "
+                         f"class {arch_name} either, so the Transformers backend cannot "
+                         "serve it.".strip())
+    causal = is_causal_family(hf_config)
+    for suffix, (convert, pooling) in _CAUSAL_HEADS.items():
+        if arch_name.endswith(suffix):
+            if not causal:
+                raise ValueError(
+                    f"{arch_name} on the Transformers backend: encoder task heads are not "
+                    "supported yet (causal LM heads are). Serve the checkpoint's encoder "
+                    "with convert='embed'.")
+            return ResolvedArch(arch_name, _entry(causal, convert), convert, pooling, convert)
+    if not arch_name.endswith(_EMBED_SUFFIXES):
+        raise ValueError(f"{arch_name} is not a class the Transformers backend serves yet "
+                         f"(suffixes: {', '.join((*_CAUSAL_HEADS, *_EMBED_SUFFIXES))}).")
+    pooling = "LAST" if causal else "CLS"
+    return ResolvedArch(arch_name, _entry(causal, "embed", pooling), None, pooling, "embed")
+
+
+def _entry(causal: bool, convert: str, pooling: str = "LAST") -> ModelEntry:
+    return ModelEntry(BACKEND_MODULE, BACKEND_CLASS, pooling, convert, causal)
+
+
+def is_causal_family(hf_config: Any) -> bool:
+    """A decoder family: transformers has a causal LM for its model type and no masked LM
+    (BERT-like encoders also have a `*ForCausalLM`; decoders have no masked LM)."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    model_type = hf_config.model_type
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
+        model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def base_model_class(hf_config: Any):
+    """The transformers class of the bare backbone: the architecture itself when it is a
+    base `*Model` (DistilBertModel, T5EncoderModel), else AutoModel's class for the type."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    arch = hf_config.architectures[0]
+    if arch.endswith("Model") and not arch.endswith("LMHeadModel") and \
+            getattr(transformers, arch, None) is not None:
+        return getattr(transformers, arch)
+    name = MODEL_MAPPING_NAMES.get(hf_config.model_type)
+    if isinstance(name, (tuple, list)):
+        name = name[0]
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        raise ValueError(f"transformers has no base model class for model type "
+                         f"{hf_config.model_type!r} ({arch}).")
+    return cls
+
+
+def routing_refusal(hf_config: Any) -> Optional[str]:
+    """Why the backbone's attention cannot be routed through the engine's (None: it can).
+    The load-time probe checks the rest (that the function is really called)."""
+    cls = base_model_class(hf_config)
+    if not getattr(cls, "_supports_attention_backend", False):
+        return f"{cls.__name__} does not take an external attention function"
+    if "position_ids" not in inspect.signature(cls.forward).parameters:
+        return f"{cls.__name__}.forward takes no position_ids, so packed requests would " \
+            "share positions"
+    return None
