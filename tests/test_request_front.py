@@ -56,3 +56,26 @@ def test_a_tokenized_prompt_is_immutable():
         p.cache_salt = "tenant"  # type: ignore[misc]
     salted = dataclasses.replace(p, cache_salt="tenant")
     assert (p.cache_salt, salted.cache_salt) == (None, "tenant")
+
+
+# (an unknown precision never reaches the check on the server: its schema refuses it)
+BAD_OPTIONS = [({"precision": "float32", "ranges": [[0.0], [1.0]]}, "ranges"),
+               ({"sparse": True}, "sparse"),           # MiniLM is no SPLADE model
+               ({"precision": "int8"}, "precision")]   # no ranges and no calibration file
+
+
+@pytest.mark.parametrize("options,param", BAD_OPTIONS)
+def test_embedding_output_options_are_checked_alike_on_both_fronts(shared_llm, minilm_dir,
+                                                                    options, param):
+    """One check (vllm.entrypoints.embed_options): the same words offline (ValueError) and
+    on /v1/embeddings (a 400 naming the field)."""
+    with pytest.raises(ValueError) as offline:
+        shared_llm(minilm_dir).embed(["a text"], use_tqdm=False, **options)
+    server = Server(_engine(minilm_dir))
+    try:
+        resp = server.post("/v1/embeddings", {"input": ["a text"], **options})
+    finally:
+        server.close()
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["param"], error["message"]) == (param, str(offline.value))

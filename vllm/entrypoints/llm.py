@@ -13,9 +13,9 @@ from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.padding import padding_kwarg
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.logger import init_logger
-from vllm.entrypoints.quantize import check_precision, load_calibration, quantize
+from vllm.entrypoints.embed_options import Calibration, EmbedOptions
 from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
-from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
+from vllm.entrypoints.sparse import check_lexical, lexical_weights
 from vllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                           PoolingRequestOutput, ScoringRequestOutput)
 from vllm.lora.request import LoRARequest
@@ -40,7 +40,8 @@ class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
         self._ids = itertools.count()
-        self._ranges: Any = None  # the engine's embedding_calibration ranges, once loaded
+        # the engine's embedding_calibration ranges, read on first need
+        self._calibration = Calibration(self.llm_engine.model_config.embedding_calibration)
         self._warned_removed_task = False
 
     def get_tokenizer(self):
@@ -91,23 +92,18 @@ class LLM:
         weights instead of the vocabulary-size list."""
         padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
-        precision = check_precision(precision)
-        if ranges is not None and precision not in ("int8", "uint8"):
-            raise ValueError("ranges apply to precision int8 and uint8 only.")
-        if sparse:
-            check_sparse(self.llm_engine.model_config)
-            if precision != "float32":
-                raise ValueError("sparse=True returns float weights; leave precision unset.")
+        options = EmbedOptions.of(precision, ranges, sparse)
+        options.check(self.llm_engine.model_config)
         processor = self.llm_engine.processor
         prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
         outs = self._run(prompt_list, pooling_params, PoolingTask.EMBED, truncate_prompt_tokens,
                          use_tqdm, truncation_side,
                          processor.prompt_len(_as_list(prompts), prompt_name, prompt),
                          lora=lora, padding=padding)
-        if precision != "float32":
-            ranges = ranges if ranges is not None else self._calibration(precision)
-            for o in outs:
-                o.outputs.data = torch.from_numpy(quantize(o.outputs.data, precision, ranges))
+        if options.precision != "float32":
+            values = options.quantize([o.outputs.data for o in outs], self._calibration)
+            for o, v in zip(outs, values):
+                o.outputs.data = torch.from_numpy(v)
         convert = EmbeddingRequestOutput.sparse_from_base if sparse else \
             EmbeddingRequestOutput.from_base
         return [convert(o) for o in outs]
@@ -156,14 +152,6 @@ class LLM:
                                       truncation_side, lora)
 
     # ----- internals -------------------------------------------------------------------
-    def _calibration(self, precision: str) -> Any:
-        path = self.llm_engine.model_config.embedding_calibration
-        if precision not in ("int8", "uint8") or not path:
-            return None
-        if self._ranges is None:
-            self._ranges = load_calibration(path)
-        return self._ranges
-
     def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None,
                           lora=None):
         """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""

@@ -19,8 +19,8 @@ from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,
                                                    list_response)
 from vllm.entrypoints.openai.serving_media import message_prompts
-from vllm.entrypoints.quantize import load_calibration, quantize
-from vllm.entrypoints.sparse import check_lexical, check_sparse, lexical_weights
+from vllm.entrypoints.embed_options import Calibration, EmbedOptions, OptionError
+from vllm.entrypoints.sparse import check_lexical, lexical_weights
 from vllm.outputs import sparse_weights
 from vllm.tasks import PoolingTask
 
@@ -40,7 +40,7 @@ class ServingPooling:
 
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
-        self._calibration: Optional[tuple[str, Any]] = None
+        self._calibration: Optional[Calibration] = None  # the engine's, read on first need
 
     async def encode(self, http: Request, route: str, body: Any, prefix: str,
                       **param_fields: Any) -> tuple[str, str, list[Any]]:
@@ -84,50 +84,32 @@ class ServingPooling:
         except ValueError as exc:
             raise bad_request(str(exc), "prompt_name" if name else "prompt") from exc
 
-    def _ranges(self, body: EmbeddingRequest) -> Any:
-        """Per-request ranges, else the server's calibration file (loaded once)."""
-        if body.ranges is not None:
-            return body.ranges
-        path = self.ctx.model_config.embedding_calibration
-        if not path:
-            return None
-        if self._calibration is None or self._calibration[0] != path:
-            self._calibration = (path, load_calibration(path))
-        return self._calibration[1]
-
-    def _values(self, body: EmbeddingRequest, outputs: list[Any]) -> list[Any]:
-        """The items to send: float tensors, or `precision`'s quantized arrays."""
-        values = [o.outputs.data for o in outputs]
-        precision = body.precision or "float32"
-        if precision == "float32":
-            return values
+    def _options(self, body: EmbeddingRequest) -> EmbedOptions:
+        """The request's output options, checked as `LLM.embed` checks them, plus the
+        server's own: embed_dtype is for floats, sparse answers are JSON floats."""
         try:
-            ranges = self._ranges(body) if precision in ("int8", "uint8") else None
-            return [quantize(v, precision, ranges) for v in values]
-        except ValueError as exc:
-            raise bad_request(str(exc), "ranges" if body.ranges is not None
-                              else "precision") from exc
-
-    @staticmethod
-    def _check_output_options(body: EmbeddingRequest) -> None:
-        precision = body.precision or "float32"
-        if precision != "float32" and body.embed_dtype != "float32":
+            options = EmbedOptions.of(body.precision, body.ranges, body.sparse)
+            options.check(self.ctx.model_config)
+        except OptionError as exc:
+            raise bad_request(str(exc), exc.param) from exc
+        if options.precision != "float32" and body.embed_dtype != "float32":
             raise bad_request(f"embed_dtype applies to float embeddings; precision "
-                              f"{precision!r} sends its own integer values. Leave "
+                              f"{options.precision!r} sends its own integer values. Leave "
                               "embed_dtype unset.", "embed_dtype")
-        if body.ranges is not None and precision not in ("int8", "uint8"):
-            raise bad_request("ranges apply to precision int8 and uint8 only.", "ranges")
-
-    def _check_sparse(self, body: EmbeddingRequest) -> None:
-        """`sparse: true` (SPLADE models) answers {token_id: weight} JSON objects."""
-        try:
-            check_sparse(self.ctx.model_config)
-        except ValueError as exc:
-            raise bad_request(str(exc), "sparse") from exc
-        if body.encoding_format != "float" or (body.precision or "float32") != "float32":
+        if options.sparse and body.encoding_format != "float":
             raise bad_request("sparse embeddings are JSON objects of float weights; use "
-                              "encoding_format 'float' and no precision with sparse.",
-                              "encoding_format")
+                              "encoding_format 'float' with sparse.", "encoding_format")
+        return options
+
+    def _values(self, options: EmbedOptions, outputs: list[Any]) -> list[Any]:
+        """The items to send: float tensors, or `precision`'s quantized arrays."""
+        path = self.ctx.model_config.embedding_calibration
+        if self._calibration is None or self._calibration.path != path:
+            self._calibration = Calibration(path)
+        try:
+            return options.quantize([o.outputs.data for o in outputs], self._calibration)
+        except OptionError as exc:
+            raise bad_request(str(exc), exc.param) from exc
 
     def _bytes(self, body: Any, rid: str, model: str, outputs: list[Any],
                values: list[Any]) -> Response:
@@ -138,13 +120,11 @@ class ServingPooling:
                               embed_dtype=body.embed_dtype, endianness=body.endianness)
 
     async def embeddings(self, body: EmbeddingRequest, http: Request) -> Response:
-        self._check_output_options(body)
-        if body.sparse:
-            self._check_sparse(body)
+        options = self._options(body)
         model, rid, outputs = await self.encode(
             http, "/v1/embeddings", body, "embd", dimensions=body.dimensions,
             normalize=body.normalize, use_activation=body.use_activation)
-        values = self._values(body, outputs)
+        values = self._values(options, outputs)
         if body.encoding_format in BYTE_FORMATS:
             return self._bytes(body, rid, model, outputs, values)
         if body.sparse:
