@@ -79,3 +79,28 @@ def test_embedding_output_options_are_checked_alike_on_both_fronts(shared_llm, m
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert (error["param"], error["message"]) == (param, str(offline.value))
+
+
+def test_both_engines_are_engine_clients():
+    """The server types its engine (EngineClient) instead of probing it: every member of
+    the protocol exists on AsyncLLM and on the data-parallel front."""
+    from vllm.engine.async_llm import AsyncLLM
+    from vllm.engine.protocol import EngineClient
+    from vllm.scaleout.dp_engine import DPAsyncLLM
+    members = [m for m in dir(EngineClient) if not m.startswith("_")]
+    members += list(EngineClient.__annotations__)
+    instance_data = {"model_config", "processor"}  # set in __init__
+    for cls in (AsyncLLM, DPAsyncLLM):
+        missing = [m for m in members if m not in instance_data and not hasattr(cls, m)]
+        assert missing == [], (cls.__name__, missing)
+    assert AsyncLLM.supports_lora and not DPAsyncLLM.supports_lora
+    with pytest.raises(ValueError, match="not supported with data parallel replicas"):
+        DPAsyncLLM.check_lora(None, None)
+
+
+def test_a_single_engine_answers_the_protocol(minilm_dir):
+    import asyncio
+    engine = _engine(minilm_dir)
+    assert engine.health_report() is None and engine.replica_stats() == {}
+    asyncio.run(engine.refresh_stats())
+    assert engine.stats.num_steps >= 0

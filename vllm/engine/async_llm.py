@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vllm.engine.futures import Pending, resolve, resolve_outputs
 from vllm.engine.inbox import IDLE, ArrivalWindow, Inbox
+from vllm.engine.stats import EngineStats
 from vllm.engine.processor import TextPrompt
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
@@ -55,7 +56,10 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncLLM(TokenizerFront):
-    """Runs an `LLMEngine` on a background thread and serves it to asyncio callers."""
+    """Runs an `LLMEngine` on a background thread and serves it to asyncio callers (an
+    `EngineClient`, vllm.engine.protocol)."""
+
+    supports_lora = True
 
     def __init__(self, engine: Any = None, *, start: bool = True,
                  build: Optional[Callable[[], Any]] = None,
@@ -157,12 +161,21 @@ class AsyncLLM(TokenizerFront):
         return len(self._inbox.pending)
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> EngineStats:
         """The engine's live counters (steps, prefix-cache hits, ...); inbox = waiting."""
         stats = self.engine.stats
         if self._backlog is not None:
             stats.num_waiting += self._inbox.num_queued
         return stats
+
+    def replica_stats(self) -> dict[str, EngineStats]:
+        return {}  # one engine: no replicas (EngineClient)
+
+    def health_report(self) -> None:
+        return None  # /health: a plain 200 while alive (EngineClient)
+
+    async def refresh_stats(self) -> None:
+        """The counters are read live (EngineClient: a no-op here)."""
 
     # ----- requests --------------------------------------------------------------------
     def submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Future:

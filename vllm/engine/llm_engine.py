@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Optional
 
 from vllm.config import VllmConfig
@@ -13,6 +12,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.chunking import ChunkedInputs, parent_of
 from vllm.engine.dedup import Deduplicator, request_key
 from vllm.engine.processor import InputProcessor, TokenizedPrompt, load_tokenizer
+from vllm.engine.stats import EngineStats
 from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
 from vllm.outputs import PoolingOutput, PoolingRequestOutput
@@ -21,24 +21,6 @@ from vllm.tasks import PoolingTask
 from vllm.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
-
-
-@dataclass
-class EngineStats:
-    """Counters since start-up (read by tests and exported by the server)."""
-
-    num_steps: int = 0
-    num_requests_finished: int = 0
-    prompt_tokens: int = 0           # tokens of finished requests' prompts
-    computed_tokens: int = 0         # tokens actually run through the model
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_split_requests: int = 0      # finished requests computed over 2+ steps
-    num_evictions: int = 0
-    num_preemptions: int = 0
-    num_running: int = 0
-    num_waiting: int = 0
-    num_deduplicated: int = 0        # requests answered by an identical one in flight
 
 
 class LLMEngine:

@@ -46,6 +46,11 @@ class _Flight:
 
 
 class DPAsyncLLM(TokenizerFront):
+    """N engine replicas behind a prefix-aware router, served as one `EngineClient`
+    (vllm.engine.protocol)."""
+
+    supports_lora = False  # adapters are served from one engine (check_lora says so)
+
     def __init__(self, vllm_config: Any, make_replica: Callable[[int], Any], size: int,
                  backend: str = "mp") -> None:
         self.vllm_config = vllm_config
@@ -319,6 +324,14 @@ class DPAsyncLLM(TokenizerFront):
     def stats(self) -> dict[str, Any]:
         """The last fetched counters of each replica, by replica label."""
         return dict(self._stats)
+
+    def replica_stats(self) -> dict[str, Any]:
+        return self.stats
+
+    def check_lora(self, lora_request: Any) -> None:
+        """EngineClient's adapter check: adapters are served from one engine only."""
+        raise ValueError("LoRA adapters are not supported with data parallel replicas "
+                         "(--data-parallel-size > 1); serve them from one engine.")
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop every replica (after the front has drained its requests)."""

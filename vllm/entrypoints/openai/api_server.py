@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from vllm import envs
-from vllm.engine.async_llm import AsyncLLM
+from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_lora,
                                      serving_models, serving_pooling, serving_score,
                                      serving_tokens)
@@ -30,7 +30,7 @@ from vllm.version import __version__
 
 logger = init_logger(__name__)
 
-def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
+def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
     """The FastAPI app serving `async_llm` (None: every engine route answers 503).
 
     `args` is the `vllm serve` namespace or any object with the same attributes;
@@ -71,8 +71,8 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
             return error_response(503, "The engine is not ready yet.")
         if not async_llm.is_alive:
             return error_response(503, str(async_llm.dead_error))
-        report = getattr(async_llm, "health_report", None)  # data parallel: replicas up
-        return JSONResponse(report()) if report else Response(status_code=200)
+        report = async_llm.health_report()  # data parallel: replicas up
+        return JSONResponse(report) if report is not None else Response(status_code=200)
 
     @app.get("/version")
     async def version() -> dict:
@@ -80,9 +80,8 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        refresh = getattr(async_llm, "refresh_stats", None)  # data parallel: ask replicas
-        if refresh is not None:
-            await refresh()
+        if async_llm is not None:
+            await async_llm.refresh_stats()  # data parallel: ask the replicas
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
@@ -90,7 +89,8 @@ def build_app(async_llm: Optional[AsyncLLM], args: Any = None) -> FastAPI:
     return app
 
 
-def _add_loras(app: FastAPI, ctx: ServingContext, async_llm: Any, args: Any) -> None:
+def _add_loras(app: FastAPI, ctx: ServingContext, async_llm: Optional[EngineClient],
+               args: Any) -> None:
     """LoRA adapters: `--lora-modules` served (and checked) from the start; upstream's
     runtime load/unload routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING."""
     modules = getattr(args, "lora_modules", None) or []
@@ -99,9 +99,8 @@ def _add_loras(app: FastAPI, ctx: ServingContext, async_llm: Any, args: Any) -> 
         raise ValueError("--lora-modules needs --enable-lora.")
     if not (modules or runtime or getattr(args, "enable_lora", False)):
         return
-    if async_llm is not None and not hasattr(async_llm, "check_lora"):
-        raise ValueError("LoRA adapters are not supported with data parallel replicas "
-                         "(--data-parallel-size > 1); serve them from one engine.")
+    if async_llm is not None and not async_llm.supports_lora:
+        async_llm.check_lora(None)  # says why (data parallel replicas)
     ctx.loras = serving_lora.LoRARegistry(ctx.served_model_names)
     if async_llm is not None:
         serving_lora.load_static(ctx.loras, async_llm, modules)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.processor import TextPrompt
+from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.direct_routes import DirectRoutes, post_route
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,
                                            internal_error)
@@ -76,7 +77,7 @@ def list_response(shell: BaseModel, items: Iterable[BaseModel], count: int) -> R
 class ServingContext:
     """The state every serving module reads: the engine and the names it is served under."""
 
-    def __init__(self, engine: Any, served_model_names: Sequence[str],
+    def __init__(self, engine: Optional[EngineClient], served_model_names: Sequence[str],
                  metrics: Any = None, limits: ServingLimits = ServingLimits()) -> None:
         self._engine = engine
         self.served_model_names = list(served_model_names)
@@ -88,8 +89,9 @@ class ServingContext:
 
     # ----- engine and model -------------------------------------------------------------
     @property
-    def engine(self) -> Any:
-        """The AsyncLLM, or a 503 when it is not ready or no longer alive."""
+    def engine(self) -> EngineClient:
+        """The engine client (AsyncLLM or DPAsyncLLM), or a 503 when it is not ready or no
+        longer alive."""
         engine = self._engine
         if engine is None:
             raise APIError(503, "The engine is not ready yet; retry shortly.")

@@ -19,7 +19,7 @@ from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,
                                                    list_response)
 from vllm.entrypoints.openai.serving_media import message_prompts
-from vllm.entrypoints.embed_options import Calibration, EmbedOptions, OptionError
+from vllm.entrypoints.embed_options import CALIBRATED, Calibration, EmbedOptions, OptionError
 from vllm.entrypoints.sparse import check_lexical, lexical_weights
 from vllm.outputs import sparse_weights
 from vllm.tasks import PoolingTask
@@ -103,6 +103,8 @@ class ServingPooling:
 
     def _values(self, options: EmbedOptions, outputs: list[Any]) -> list[Any]:
         """The items to send: float tensors, or `precision`'s quantized arrays."""
+        if options.precision not in CALIBRATED:
+            return options.quantize([o.outputs.data for o in outputs], Calibration(None))
         path = self.ctx.model_config.embedding_calibration
         if self._calibration is None or self._calibration.path != path:
             self._calibration = Calibration(path)
