@@ -92,3 +92,16 @@ def test_pooling_token_embed_and_rerank_routes(modern_colbert_dir):
     finally:
         server.close()
         engine.shutdown()
+
+
+def test_embed_on_a_token_embed_engine_returns_its_matrices(shared_llm, hf_colbert_dir):
+    """As upstream 0.33: LLM.embed on an engine running token_embed answers each prompt's
+    matrix of token vectors (PoolingRequestOutput), the same as encode(token_embed)."""
+    from vllm.outputs import PoolingRequestOutput
+    llm = _llm(shared_llm, "hf_colbert_dir", hf_colbert_dir)
+    texts = ["what is a colbert model", "late interaction"]
+    got = llm.embed(texts, use_tqdm=False)
+    want = llm.encode(texts, pooling_task="token_embed", use_tqdm=False)
+    assert all(type(o) is PoolingRequestOutput for o in got)
+    for g, w in zip(got, want):
+        assert g.outputs.data.dim() == 2 and torch.equal(g.outputs.data, w.outputs.data)

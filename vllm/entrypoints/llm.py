@@ -83,20 +83,25 @@ class LLM:
               truncation_side: Optional[str] = None, prompt_name: Optional[str] = None,
               prompt: Optional[str] = None, precision: Optional[str] = None,
               ranges: Any = None, sparse: bool = False,
-              **kwargs: Any) -> list[EmbeddingRequestOutput]:
+              **kwargs: Any) -> Union[list[EmbeddingRequestOutput],
+                                      list[PoolingRequestOutput]]:
         """Embeddings. `prompt_name` / `prompt`: a sentence-transformers prompt before each
         text (the model's default_prompt_name applies when neither is given);
         `precision` / `ranges`: `quantize_embeddings`' output types (int8/uint8 need
         ranges, here or from the engine's `embedding_calibration` file); `sparse=True`
         (SPLADE models): each output's `embedding` is {token_id: weight} of the non-zero
-        weights instead of the vocabulary-size list."""
+        weights instead of the vocabulary-size list. On an engine running token_embed
+        (ColBERT), as upstream 0.33: PoolingRequestOutputs whose `data` is the prompt's
+        matrix of token vectors."""
         padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
         options = EmbedOptions.of(precision, ranges, sparse)
         options.check(self.llm_engine.model_config)
         processor = self.llm_engine.processor
         prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
-        outs = self._run(prompt_list, pooling_params, PoolingTask.EMBED, truncate_prompt_tokens,
+        tokens = self.llm_engine.model_config.pooling_task == PoolingTask.TOKEN_EMBED
+        task = PoolingTask.TOKEN_EMBED if tokens else PoolingTask.EMBED
+        outs = self._run(prompt_list, pooling_params, task, truncate_prompt_tokens,
                          use_tqdm, truncation_side,
                          processor.prompt_len(_as_list(prompts), prompt_name, prompt),
                          lora=lora, padding=padding)
@@ -104,6 +109,8 @@ class LLM:
             values = options.quantize([o.outputs.data for o in outs], self._calibration)
             for o, v in zip(outs, values):
                 o.outputs.data = torch.from_numpy(v)
+        if tokens:
+            return outs
         convert = EmbeddingRequestOutput.sparse_from_base if sparse else \
             EmbeddingRequestOutput.from_base
         return [convert(o) for o in outs]
