@@ -293,15 +293,22 @@ def make_qwen2_reward(path, *, process: bool = False, seed: int = SEED + 4) -> p
 
 # --------------------------------------------------------------------------- ST files
 
+_ST_ACTIVATION_MODULES = {"Tanh": "torch.nn.modules.activation.Tanh",
+                          "Identity": "torch.nn.modules.linear.Identity"}
+
+
 def write_st_files(path, *, pooling: str = "mean", normalize: bool = False,
                    dense: Optional[tuple[int, int]] = None, extra_module: Optional[str] = None,
-                   max_seq_length: Optional[int] = None, seed: int = SEED + 5) -> pathlib.Path:
+                   max_seq_length: Optional[int] = None, seed: int = SEED + 5,
+                   dense_activation: str = "Tanh", dense_bias: bool = True) -> pathlib.Path:
     """Add sentence-transformers files to a checkpoint directory.
 
     pooling: "cls" | "mean" | "lasttoken"; dense=(in, out) adds a Tanh Dense module in the
     exact on-disk format `sentence_transformers.models.Dense.save` writes
     (``config.json`` + ``model.safetensors`` with ``linear.weight`` / ``linear.bias``);
-    extra_module: a module type to list as well (e.g. an unsupported one).
+    extra_module: a module type to list as well (e.g. an unsupported one);
+    dense_activation / dense_bias: the Dense module's activation (a torch.nn class name:
+    "Tanh", "Identity") and bias (sentence-t5's Dense is Identity without a bias).
     """
     from safetensors.torch import save_file
     path = pathlib.Path(path)
@@ -326,13 +333,15 @@ def write_st_files(path, *, pooling: str = "mean", normalize: bool = False,
         d_in, d_out = dense
         dense_dir = add(ST_DENSE, "Dense")
         (dense_dir / "config.json").write_text(json.dumps({
-            "in_features": d_in, "out_features": d_out, "bias": True,
-            "activation_function": "torch.nn.modules.activation.Tanh"}, indent=2))
+            "in_features": d_in, "out_features": d_out, "bias": dense_bias,
+            "activation_function": _ST_ACTIVATION_MODULES[dense_activation]}, indent=2))
         gen = torch.Generator().manual_seed(seed)
         weight = torch.randn(d_out, d_in, generator=gen) * (1.0 / d_in ** 0.5) * 2.0
         bias = torch.randn(d_out, generator=gen) * 0.1
-        save_file({"linear.weight": weight.contiguous(), "linear.bias": bias.contiguous()},
-                  str(dense_dir / "model.safetensors"), metadata={"format": "pt"})
+        tensors = {"linear.weight": weight.contiguous()}
+        if dense_bias:
+            tensors["linear.bias"] = bias.contiguous()
+        save_file(tensors, str(dense_dir / "model.safetensors"), metadata={"format": "pt"})
     if extra_module is not None:
         add(extra_module, extra_module.rsplit(".", 1)[-1])
     if normalize:

@@ -15,7 +15,8 @@ from vllm.config.tasks import ModelTasks
 from vllm.logger import init_logger
 from vllm.model_executor.models.registry import (ResolvedArch, config_pooling_type,
                                                  convert_architecture)
-from vllm.model_executor.models.transformers_arch import resolve_model_impl, routing_refusal
+from vllm.model_executor.models.transformers_arch import (convert_backend_architecture,
+                                                          resolve_model_impl, routing_refusal)
 from vllm.platforms import platform_for, resolve_device
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
@@ -130,7 +131,8 @@ class ModelConfig(ModelTasks):
             raise ValueError(f"convert={self.convert!r} is not supported; use one of auto, "
                              "embed, classify, reward.")
         convert = arch.native_convert if self.convert in ("auto", "none") else self.convert
-        arch = convert_architecture(arch, convert)
+        arch = convert_backend_architecture(arch, convert) if self.impl == "transformers" \
+            else convert_architecture(arch, convert)
         self.arch = arch
         self.convert = convert
         how = "converted from a causal LM" if arch_name.endswith(("ForCausalLM", "LMHeadModel")) \
@@ -407,5 +409,8 @@ class ModelConfig(ModelTasks):
 
     @property
     def uses_token_type_ids(self) -> bool:
-        return self.hf_config.model_type == "bert" and \
-            getattr(self.hf_config, "type_vocab_size", 0) > 1
+        """Segment ids reach the model: native BERT, and any Transformers-backend encoder
+        with more than one token type (Electra), as transformers feeds them."""
+        return (self.hf_config.model_type == "bert" or (
+            self.impl == "transformers" and not self.is_causal)) and \
+            (getattr(self.hf_config, "type_vocab_size", 0) or 0) > 1

@@ -57,7 +57,7 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
         # the whole ModelConfig; the rest from the HF config, then filled by `_load`.
         backbone = cls.from_model_config(mc) if hasattr(cls, "from_model_config") \
             else cls(mc.hf_config)
-        head = _build_head(mc, cls, names)
+        head = _build_head(mc, backbone, names)
         dense = [DenseLayer(s) for s in mc.st_config.dense] \
             if (mc.st_config is not None and mc.convert == "embed") else []
     model = PoolingModel(backbone, head, dense)
@@ -135,9 +135,11 @@ def _names_only(mc: ModelConfig):
                                                       weights_only=True))
 
 
-def _build_head(mc: ModelConfig, cls, names: set[str]) -> Optional[nn.Module]:
+def _build_head(mc: ModelConfig, backbone: nn.Module, names: set[str]) -> Optional[nn.Module]:
+    """The task head; the backbone builds a classifier (a static method on native classes,
+    the Transformers backend's own task head where it loaded one)."""
     if mc.convert == "classify":
-        return cls.build_classifier(mc.hf_config, mc.num_labels, names)
+        return backbone.build_classifier(mc.hf_config, mc.num_labels, names)
     if mc.convert == "reward":
         if not any(n.startswith("score.") for n in names):
             return None  # a causal LM served as a reward model: its hidden states, per token
@@ -173,7 +175,10 @@ def _tie_plan(mc: ModelConfig, backbone: nn.Module,
 
 def _load(mc: ModelConfig, model: PoolingModel, device: str, names: set[str]) -> None:
     backbone, head = model.model, model.head
-    head_params = dict(head.named_parameters()) if head is not None else {}
+    # A head that its backbone's library already loaded (the Transformers backend's
+    # task heads) takes nothing from here.
+    preloaded = getattr(head, "preloaded", False)
+    head_params = dict(head.named_parameters()) if head is not None and not preloaded else {}
     from_token = getattr(mc.hf_config, "classifier_from_token", None)
     prefix = backbone.weight_prefix
     ties, fills, drops = _tie_plan(mc, backbone, names)
@@ -207,7 +212,7 @@ def _load(mc: ModelConfig, model: PoolingModel, device: str, names: set[str]) ->
         lm_head = backbone.get_parameter(ties["lm_head.weight"]).data
     if missing:
         raise ValueError(f"Checkpoint {mc.path} is missing weights for: {sorted(missing)[:8]}")
-    if head is None:
+    if head is None or preloaded:
         return
     if from_token:
         _head_from_tokens(mc, head, lm_head, from_token)

@@ -19,9 +19,10 @@ from vllm.model_executor.models.registry import ModelEntry, ResolvedArch, resolv
 MODEL_IMPLS = ("auto", "vllm", "transformers")
 BACKEND_MODULE, BACKEND_CLASS = "transformers_backend", "TransformersModel"
 
-# Task suffixes of causal LM classes the backend serves through an engine head.
-_CAUSAL_HEADS = {"ForSequenceClassification": ("classify", "LAST"),
-                 "ForTokenClassification": ("classify", "ALL")}
+# Task suffixes the backend serves: (convert, pooling) on a causal LM, whose head is the
+# engine's `score`; an encoder keeps its task class's own head, pooled CLS (tokens: ALL).
+_TASK_HEADS = {"ForSequenceClassification": ("classify", "LAST"),
+               "ForTokenClassification": ("classify", "ALL")}
 # Suffixes whose checkpoint holds a base model the backend serves for embeddings.
 _EMBED_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "Model")
 
@@ -64,19 +65,44 @@ def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "")
                          f"class {arch_name} either, so the Transformers backend cannot "
                          "serve it.".strip())
     causal = is_causal_family(hf_config)
-    for suffix, (convert, pooling) in _CAUSAL_HEADS.items():
+    for suffix, (convert, pooling) in _TASK_HEADS.items():
         if arch_name.endswith(suffix):
-            if not causal:
-                raise ValueError(
-                    f"{arch_name} on the Transformers backend: encoder task heads are not "
-                    "supported yet (causal LM heads are). Serve the checkpoint's encoder "
-                    "with convert='embed'.")
-            return ResolvedArch(arch_name, _entry(causal, convert), convert, pooling, convert)
+            if not causal:  # the task class's own head reads the first token
+                pooling = "CLS" if pooling == "LAST" else pooling
+            return ResolvedArch(arch_name, _entry(causal, convert, pooling), convert, pooling,
+                                convert)
     if not arch_name.endswith(_EMBED_SUFFIXES):
         raise ValueError(f"{arch_name} is not a class the Transformers backend serves yet "
-                         f"(suffixes: {', '.join((*_CAUSAL_HEADS, *_EMBED_SUFFIXES))}).")
+                         f"(suffixes: {', '.join((*_TASK_HEADS, *_EMBED_SUFFIXES))}).")
     pooling = "LAST" if causal else "CLS"
     return ResolvedArch(arch_name, _entry(causal, "embed", pooling), None, pooling, "embed")
+
+
+def convert_backend_architecture(arch: ResolvedArch, convert: str) -> ResolvedArch:
+    """`convert` on a backend architecture: a causal base takes any task head (as native
+    causal models do); an encoder task class may be served as its bare encoder (embed); an
+    encoder without a task class has no head to convert to."""
+    if convert == arch.native_convert:
+        return arch
+    if arch.base.is_causal:
+        pooling = {"embed": "LAST", "classify": "LAST", "reward": "ALL"}[convert]
+        return ResolvedArch(arch.architecture, _entry(True, convert),
+                            None if convert == "embed" else convert, pooling, convert)
+    if convert == "embed":
+        return ResolvedArch(arch.architecture, _entry(False, "embed", "CLS"), None, "CLS",
+                            "embed")
+    raise ValueError(f"{arch.architecture} is an encoder served by the Transformers backend "
+                     f"and has no {convert!r} head; serve a checkpoint whose architecture is "
+                     f"its *ForSequenceClassification class, or convert='embed'.")
+
+
+def encoder_task_class(architecture: str, convert: str, causal: bool):
+    """The transformers task class whose own head serves an encoder classifier (None for
+    embeddings and for causal heads, which take the engine's `score` head)."""
+    if causal or convert != "classify" or not architecture.endswith(tuple(_TASK_HEADS)):
+        return None
+    import transformers
+    return getattr(transformers, architecture)
 
 
 def _entry(causal: bool, convert: str, pooling: str = "LAST") -> ModelEntry:

@@ -6,13 +6,16 @@ DistilBertModel, ...) with the engine's backbone interface,
 padding-free step. Where the class takes an external attention function, the whole step
 runs as one sequence [1, T] whose attention goes through the engine's `Attention` layers
 (`transformers_attention.py`): paged KV cache, the platform's backend, prefix caching and
-chunked prefill as for native models. Where it cannot (`whole_sequences`), each request
-runs alone, unpadded, with the class's own attention; the config then keeps prefix caching
-and chunked prefill off, so every request arrives whole.
+chunked prefill as for native models. Where it cannot (`whole_sequences`), the step's
+requests run as one right-padded batch with an attention mask and the class's own
+attention; the config then keeps prefix caching and chunked prefill off, so every request
+arrives whole.
 
 transformers loads the weights itself (`from_pretrained`): its key renames and tensor
 conversions (fused MoE experts in transformers 5, legacy names) apply as in the reference.
-Task heads (`score`) stay the engine's, loaded by the model loader.
+Causal task heads (`score`) stay the engine's, loaded by the model loader; an encoder
+classifier loads its transformers task class and keeps that class's own head
+(`transformers_heads.TaskHead`), its backbone served here.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from torch import nn
 from vllm.attention.metadata import AttentionMetadata
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.models.transformers_arch import base_model_class
+from vllm.model_executor.models.transformers_arch import base_model_class, encoder_task_class
 from vllm.model_executor.models.transformers_attention import (ATTN_IMPLEMENTATION,
                                                                STEP_KWARG, AttentionProbe,
                                                                attach_engine_layers)
@@ -43,33 +46,40 @@ class TransformersModel(nn.Module):
     @classmethod
     def from_model_config(cls, mc) -> "TransformersModel":
         """Build and load from a ModelConfig (the loader's hook for self-loading backbones)."""
-        return cls(mc.hf_config, str(mc.path), mc.arch.base.is_causal, mc.whole_sequences,
-                   mc.device)
+        causal = mc.arch.base.is_causal
+        return cls(mc.hf_config, str(mc.path), causal, mc.whole_sequences, mc.device,
+                   encoder_task_class(mc.architecture, mc.convert, causal))
 
     def __init__(self, config, path: str, causal: bool, whole_sequences: bool,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", task_cls=None) -> None:
         super().__init__()
         self.config = config
         self.is_causal = causal
         self.whole_sequences = whole_sequences
         self.whole_reason: Optional[str] = None
-        hf_cls = base_model_class(config)
-        self.hf = _load_pretrained(hf_cls, config, path,
-                                   None if whole_sequences else ATTN_IMPLEMENTATION).to(device)
+        hf_cls = task_cls or base_model_class(config)
+        loaded = _load_pretrained(hf_cls, config, path,
+                                  None if whole_sequences else ATTN_IMPLEMENTATION).to(device)
+        # An encoder classifier: the task model's backbone here, its head for the loader.
+        self.hf = getattr(loaded, loaded.base_model_prefix) if task_cls else loaded
+        self._task_head = (_task_head(loaded, config),) if task_cls else ()
         self.weight_prefix = hf_cls.base_model_prefix + "."
-        params = inspect.signature(hf_cls.forward).parameters
+        params = inspect.signature(type(self.hf).forward).parameters
         self._takes = {name for name in ("token_type_ids", "use_cache") if name in params}
         self._layers: list[Attention] = []
         if not whole_sequences:
             self._route_attention()
         self.position_offset = 0 if causal else _position_offset(self.hf)
+        pad = getattr(config, "pad_token_id", None)
+        self._pad_id = pad if isinstance(pad, int) else 0
 
     # ----- attention routing ------------------------------------------------------------
     def _route_attention(self) -> None:
         """Probe one forward: which modules call the attention function, with what
         shapes. A class that never calls it (or calls it oddly) runs whole sequences."""
         probe = AttentionProbe()
-        ids = torch.tensor([[0, 1, 2]], device=self.hf.device)
+        pad = getattr(self.config, "pad_token_id", None)  # no padding in the probe
+        ids = torch.tensor([[i for i in range(4) if i != pad][:3]], device=self.hf.device)
         with torch.inference_mode():
             self.hf(input_ids=ids, **self._extra_kwargs(), **{STEP_KWARG: probe})
         problem = probe.problem or (None if probe.modules else
@@ -116,17 +126,27 @@ class TransformersModel(nn.Module):
 
     def _forward_whole(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                        token_type_ids: Optional[torch.Tensor]) -> torch.Tensor:
-        """Each request alone, unpadded, from its first token (the reference run)."""
-        outs = []
-        for i in range(meta.num_reqs):
-            if meta.num_computed[i]:
-                raise RuntimeError("a whole-sequence Transformers backbone got a request "
-                                   "part-way through (prefix caching / chunking must be off)")
-            s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
-            types = token_type_ids[s:e] if token_type_ids is not None else None
-            outs.append(self.hf(input_ids=input_ids[s:e][None],
-                                **self._extra_kwargs(types))[0][0])
-        return torch.cat(outs)
+        """The step's requests as one right-padded batch with an attention mask (each
+        request from its first token; no request attends to another's tokens or to
+        padding), then back to the flat [T, H] layout."""
+        starts, lengths = meta.query_start_loc, meta.num_new
+        if any(meta.num_computed):
+            raise RuntimeError("a whole-sequence Transformers backbone got a request "
+                               "part-way through (prefix caching / chunking must be off)")
+        rows, width = len(lengths), max(lengths)
+        ids = input_ids.new_full((rows, width), self._pad_id)
+        mask = input_ids.new_zeros((rows, width))
+        types = None if token_type_ids is None else input_ids.new_zeros((rows, width))
+        for i, n in enumerate(lengths):
+            ids[i, :n] = input_ids[starts[i]: starts[i] + n]
+            mask[i, :n] = 1
+            if types is not None:
+                types[i, :n] = token_type_ids[starts[i]: starts[i] + n]
+        kwargs = self._extra_kwargs()
+        if types is not None and "token_type_ids" in self._takes:
+            kwargs["token_type_ids"] = types
+        hidden = self.hf(input_ids=ids, attention_mask=mask, **kwargs)[0]
+        return hidden[mask.bool()]
 
     # ----- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -139,10 +159,21 @@ class TransformersModel(nn.Module):
     def skip_weight(name: str) -> bool:
         return True   # every backbone tensor was loaded by transformers
 
-    @staticmethod
-    def build_classifier(config, num_labels: int, names: set[str]) -> nn.Module:
+    def build_classifier(self, config, num_labels: int, names: set[str]) -> nn.Module:
+        """An encoder classifier's own transformers head (already loaded), else the
+        engine's `score` head over a causal backbone."""
+        if self._task_head:
+            return self._task_head[0]
         from vllm.model_executor.models.adapters import ScoreHead
         return ScoreHead(config.hidden_size, num_labels, bias="score.bias" in names)
+
+
+def _task_head(task_model: nn.Module, config) -> nn.Module:
+    from vllm.model_executor.models.transformers_heads import TaskHead, check_reads_its_rows
+    arch = type(task_model).__name__
+    head = TaskHead(task_model, per_token=arch.endswith("ForTokenClassification"))
+    check_reads_its_rows(head, config.hidden_size, arch)
+    return head
 
 
 def _load_pretrained(hf_cls, config, path: str, attn: Optional[str]) -> nn.Module:
