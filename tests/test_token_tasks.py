@@ -106,8 +106,9 @@ def test_token_embed_on_embedding_models(name, pooling, request):
         assert out.outputs.data.shape == ref.shape
         assert min(torch.nn.functional.cosine_similarity(out.outputs.data, ref)) > 0.9999
         assert mf.max_abs_diff(out.outputs.data.norm(dim=-1), torch.ones(len(ref))) < 1e-5
-    with pytest.raises(ValueError, match=r'PoolerConfig\(task="embed"\)'):
-        llm.embed(TEXTS[:1], use_tqdm=False)
+    # LLM.embed on a token_embed engine answers its matrices, as upstream 0.33 (issue 36)
+    matrices = llm.embed(TEXTS[:1], use_tqdm=False)
+    assert torch.equal(matrices[0].outputs.data, outs[0].outputs.data)
     # Scoring under token_embed is MaxSim of the token vectors, as upstream.
     q, d = outs[0].outputs.data, outs[2].outputs.data
     score = llm.score(TEXTS[0], TEXTS[2], use_tqdm=False)[0].outputs.score

@@ -1,8 +1,9 @@
-"""ModelRunner: owns the model, the KV tensors and the pooler; runs one step.
+"""ModelRunner: owns the model, the KV tensors and the step's pooling; runs one step.
 
 It turns the scheduler's decisions into one flat, padding-free batch (token ids,
-positions, slots) plus attention metadata, runs the forward pass and pools the
-requests whose final token was computed.
+positions, slots) plus attention metadata, runs the forward pass and hands the hidden
+states to `StepPooling` (worker/step_pooling.py), which pools the requests whose final
+token was computed.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from vllm.core.scheduler import SchedulerOutput
 from vllm.attention.backends.registry import get_backend
 from vllm.logger import init_logger
 from vllm.attention.metadata import AttentionMetadata, sort_key, token_slots
-from vllm.model_executor.layers.pooler import Pooler, PoolingSlice
+from vllm.model_executor.layers.pooler import Pooler
 from vllm.model_executor.layers.pool_state import BlockPayloadStore
 from vllm.worker.model_loader import build_model
 from vllm.platforms import platform_for
 from vllm.worker.pool_steps import PoolTracker, hidden_size, tracked_kind
+from vllm.worker.step_pooling import StepPooling
 
 logger = init_logger(__name__)
 
@@ -51,6 +53,7 @@ class ModelRunner:
         if self.uses_kv_cache:
             self._allocate_kv_cache()
         self.tracker = self._pool_tracker()
+        self.pooling = StepPooling(self.pooler, self.tracker, self.pool_prompt, self.device)
         self.lora = self._lora_manager()
 
     # ----- KV cache -------------------------------------------------------------------
@@ -176,24 +179,11 @@ class ModelRunner:
         # Lay requests out by shape so attention buckets are contiguous slices.
         out.scheduled.sort(key=lambda s: sort_key(s.num_computed, s.num_new))
         input_ids, positions, token_types, meta = self._prepare(out)
-        slices, ids = [], []
-        for i, s in enumerate(out.scheduled):
-            if s.finishes:
-                req = s.request
-                slices.append(PoolingSlice(
-                    meta.query_start_loc[i], s.num_new, s.num_computed, req.prompt_token_ids,
-                    req.pooling_params, 0 if self.pool_prompt else req.prompt_len or 0))
-                ids.append(req.request_id)
-        if self.tracker is not None:  # partial state across chunks / cached blocks
-            meta.output_rows = self.tracker.rows_needed(out, meta, self.device)
-            self._begin_lora(out, meta)
-            hidden = self.model(input_ids, positions, meta, token_types, **_images(out))
-            return self.tracker.run(hidden, out, meta)
-        meta.output_rows = self.pooler.rows_needed(slices, self.device)
+        plan = self.pooling.plan(out, meta)
+        meta.output_rows = plan.rows
         self._begin_lora(out, meta)
         hidden = self.model(input_ids, positions, meta, token_types, **_images(out))
-        return dict(zip(ids, self.pooler(hidden, slices,
-                                         selected=meta.output_rows is not None)))
+        return self.pooling.pool(plan, hidden, out, meta)
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:
         """Copy cached partial blocks' slots into their readers' own blocks (every layer,
