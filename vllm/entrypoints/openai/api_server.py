@@ -16,7 +16,7 @@ from vllm import envs
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_lora,
                                      serving_models, serving_pooling, serving_score,
-                                     serving_tokens)
+                                     serving_tei, serving_tokens, tei_routes)
 from vllm.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                DEFAULT_MAX_REQUEST_BODY_BYTES, AuthMiddleware,
@@ -24,6 +24,7 @@ from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
 from vllm.entrypoints.openai.metrics import MetricsMiddleware, ServerMetrics
 from vllm.entrypoints.openai.serving_engine import COMMON_ROUTES, ROUTE_TASKS, ServingContext
 from vllm.entrypoints.openai.serving_limits import ServingLimits
+from vllm.entrypoints.openai.tei_protocol import DEFAULT_MAX_CLIENT_BATCH_SIZE
 from vllm.logger import init_logger
 from vllm.platforms.helper_threads import serial_torch
 from vllm.version import __version__
@@ -47,7 +48,8 @@ def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
     ctx = ServingContext(async_llm, served, limits=ServingLimits.from_args(args))
     metrics = ServerMetrics(lambda: async_llm.stats if async_llm is not None else None,
                             served[0], list(ROUTE_TASKS) +
-                            [r.split(" ", 1)[1] for r in COMMON_ROUTES])
+                            [r.split(" ", 1)[1] for r in COMMON_ROUTES] +
+                            list(tei_routes.TEI_PATHS))
     ctx.metrics = metrics
 
     app = FastAPI(title="vLLM (pooling models)", version=__version__)
@@ -85,6 +87,12 @@ def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
+    tei = serving_tei.ServingTei(pooling, scores, int(
+        getattr(args, "max_client_batch_size", None) or DEFAULT_MAX_CLIENT_BATCH_SIZE))
+    # TEI's routes sit inside the edge: the API key, metrics and body limits apply to them.
+    app.add_middleware(tei_routes.TeiRoutes, serving=tei, metrics=metrics.tei,
+                       info=lambda: tei_routes.tei_info(tei, args),
+                       health=lambda: async_llm is not None and async_llm.is_alive)
     _add_edge(app, ctx, args)
     return app
 

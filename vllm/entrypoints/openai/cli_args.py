@@ -115,6 +115,9 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-inputs-per-request", type=int, default=None, metavar="N",
                         help="Most inputs (texts, token lists, pairs) in one request; more is a "
                         "400 (default 16384).")
+    server.add_argument("--max-client-batch-size", type=int, default=32, metavar="N",
+                        help="Most inputs in one request on the TEI routes (/embed, /predict, "
+                        "/rerank, ...); more is TEI's validation error (default 32, as TEI).")
     server.add_argument("--max-tokens-per-request", type=_human_int, default=None,
                         metavar="N", help="Most tokens in one request's inputs together; more "
                         "is a 400 (default 2M).")

@@ -6,12 +6,26 @@ counters (steps, tokens, running/waiting, prefix-cache queries and hits) are rea
 """
 from __future__ import annotations
 
+import contextvars
 import time
+from collections import Counter as Tally
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# The engine seconds of the HTTP request being handled (a list each `ServingContext.run`
+# appends to), when a front end asked for them (`engine_timer`): TEI's x-inference-time.
+_ENGINE_SECONDS: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar(
+    "engine_seconds", default=None)
+
+
+def engine_timer() -> list:
+    """Start collecting this request's engine seconds; returns the list they land in."""
+    seconds: list = []
+    _ENGINE_SECONDS.set(seconds)
+    return seconds
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                     60.0)
@@ -83,9 +97,13 @@ class ServerMetrics:
             "Time from handing an HTTP request's prompts to the engine until all finished.",
             ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineStatsCollector(get_stats, model_name))
+        self.tei = TeiMetrics(self.registry)
 
     def observe_engine_latency(self, seconds: float) -> None:
         self.e2e_latency.labels(self.model_name).observe(seconds)
+        timed = _ENGINE_SECONDS.get()
+        if timed is not None:
+            timed.append(seconds)
 
     def observe_http(self, path: str, method: str, status: int, seconds: float) -> None:
         route = path if path in self.known_routes else "other"
@@ -94,6 +112,64 @@ class ServerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _TeiCounters:
+    """TEI's counters, exported under TEI's own names (no `_total` suffix, as TEI's
+    exporter writes them): te_request_count / te_request_success by `method` (single or
+    batch), te_request_failure by `err`."""
+
+    NAMES = {"te_request_count": "method", "te_request_success": "method",
+             "te_request_failure": "err"}
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Tally] = {name: Tally() for name in self.NAMES}
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        for name, label in self.NAMES.items():
+            metric = Metric(name, f"TEI API: {name.split('_', 2)[2]} requests.", "counter")
+            for value, count in sorted(self.counts[name].items()):
+                metric.add_sample(name, {label: value}, float(count))
+            yield metric
+
+
+class TeiMetrics:
+    """The `te_*` metrics of the TEI routes (beside the `vllm:` ones, same registry)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counters = _TeiCounters()
+        registry.register(self.counters)
+        self.histograms = {name: Histogram(name, doc, buckets=_LATENCY_BUCKETS,
+                                           registry=registry) for name, doc in (
+            ("te_request_duration", "TEI API: time to answer a request (s)."),
+            ("te_request_tokenization_duration", "TEI API: time outside the engine (s)."),
+            ("te_request_queue_duration", "TEI API: queue time timed apart (s; 0 here: "
+             "the engine's time includes its queue)."),
+            ("te_request_inference_duration", "TEI API: time in the engine (s)."))}
+        self.batch_size = Histogram(
+            "te_batch_next_size", "TEI API: inputs a request handed to the engine at once.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=registry)
+        self.input_length = Histogram(
+            "te_request_input_length", "TEI API: tokens of a request's inputs.",
+            buckets=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+            registry=registry)
+
+    def count(self, name: str, value: str) -> None:
+        self.counters.counts[name][value] += 1
+
+    def observe(self, total: float, tokenization: float, inference: float, inputs: int,
+                tokens: int) -> None:
+        for name, seconds in (("te_request_duration", total),
+                              ("te_request_tokenization_duration", tokenization),
+                              ("te_request_queue_duration", 0.0),
+                              ("te_request_inference_duration", inference)):
+            self.histograms[name].observe(seconds)
+        if inputs:
+            self.batch_size.observe(inputs)
+            self.input_length.observe(tokens)
 
 
 class MetricsMiddleware:
