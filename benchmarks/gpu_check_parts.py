@@ -334,7 +334,8 @@ def time_prefix_rerank(work: pathlib.Path, device: str, quick: bool, repeats: in
     for name in list(llms):   # before another backend's pair is built
         _free(llms.pop(name))
     del model
-    return {"dtype": dtype, "prompts": n, "prefix_tokens": prefix_len, "doc_tokens": doc_len, "block_size": block,
+    return {"dtype": dtype, "prompts": n, "prefix_tokens": prefix_len, "doc_tokens": doc_len,
+            "block_size": block,
             "seconds": times, "speedup": speedup, "ideal_speedup": ideal,
             "fraction_of_ideal": speedup / ideal, "goal_fraction": 0.8,
             "max_abs_prob_diff": max(abs(x - y) for x, y in zip(a, b)),
