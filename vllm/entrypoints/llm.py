@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.padding import padding_kwarg
+from vllm.engine.pooling_request import PoolingRequest
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.logger import init_logger
 from vllm.entrypoints.embed_options import Calibration, EmbedOptions
@@ -72,8 +73,9 @@ class LLM:
             logger.warning("LLM.encode with the %r task: upstream vLLM 0.32 removed it; pass "
                            "pooling_task='token_embed' or 'token_classify' (or use "
                            "LLM.embed / LLM.classify / LLM.score).", task)
-        outs = self._run(prompts, pooling_params, task, truncate_prompt_tokens, use_tqdm,
-                         truncation_side, lora=lora, padding=padding)
+        outs = self._pool(prompts, task, pooling_params, use_tqdm,
+                          truncate_prompt_tokens=truncate_prompt_tokens,
+                          truncation_side=truncation_side, lora=lora, padding=padding)
         for o in outs if sparse else ():
             o.outputs.data = lexical_weights(mc, o.prompt_token_ids, o.outputs.data)
         return outs
@@ -101,10 +103,12 @@ class LLM:
         prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
         tokens = self.llm_engine.model_config.pooling_task == PoolingTask.TOKEN_EMBED
         task = PoolingTask.TOKEN_EMBED if tokens else PoolingTask.EMBED
-        outs = self._run(prompt_list, pooling_params, task, truncate_prompt_tokens,
-                         use_tqdm, truncation_side,
-                         processor.prompt_len(_as_list(prompts), prompt_name, prompt),
-                         lora=lora, padding=padding)
+        outs = self._pool(prompt_list, task, pooling_params, use_tqdm,
+                          truncate_prompt_tokens=truncate_prompt_tokens,
+                          truncation_side=truncation_side,
+                          prompt_len=processor.prompt_len(_as_list(prompts), prompt_name,
+                                                          prompt),
+                          lora=lora, padding=padding)
         if options.precision != "float32":
             values = options.quantize([o.outputs.data for o in outs], self._calibration)
             for o, v in zip(outs, values):
@@ -121,8 +125,9 @@ class LLM:
                  **kwargs: Any) -> list[ClassificationRequestOutput]:
         padding = padding_kwarg(kwargs.pop("tokenization_kwargs", None))
         lora = _refuse_extra(kwargs)
-        outs = self._run(prompts, pooling_params, PoolingTask.CLASSIFY, truncate_prompt_tokens,
-                         use_tqdm, truncation_side, lora=lora, padding=padding)
+        outs = self._pool(prompts, PoolingTask.CLASSIFY, pooling_params, use_tqdm,
+                          truncate_prompt_tokens=truncate_prompt_tokens,
+                          truncation_side=truncation_side, lora=lora, padding=padding)
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def reward(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
@@ -130,8 +135,9 @@ class LLM:
                truncation_side: Optional[str] = None,
                **kwargs: Any) -> list[PoolingRequestOutput]:
         lora = _refuse_extra(kwargs)
-        return self._run(prompts, pooling_params, PoolingTask.REWARD, truncate_prompt_tokens,
-                         use_tqdm, truncation_side, lora=lora)
+        return self._pool(prompts, PoolingTask.REWARD, pooling_params, use_tqdm,
+                          truncate_prompt_tokens=truncate_prompt_tokens,
+                          truncation_side=truncation_side, lora=lora)
 
     def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]],
               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
@@ -147,8 +153,8 @@ class LLM:
         if engine.model_config.is_cross_encoder:
             tokenized = [engine.processor.tokenize_score_pair(a, b, truncate_prompt_tokens,
                                                               truncation_side) for a, b in pairs]
-            outs = self._run_tokenized(tokenized, [pooling_params] * len(pairs),
-                                       PoolingTask.SCORE, use_tqdm, lora)
+            request = PoolingRequest.of(pairs, PoolingTask.SCORE, pooling_params, lora=lora)
+            outs = self._submit(tokenized, request, use_tqdm)
             return [ScoringRequestOutput.from_base(o) for o in outs]
         if isinstance(lora, (list, tuple)):
             if any(x != lora[0] for x in lora):
@@ -165,8 +171,9 @@ class LLM:
         multi = self.llm_engine.model_config.late_interaction
         items = {_item_key(t): t for pair in pairs for t in pair}  # each text once
         task = PoolingTask.TOKEN_EMBED if multi else PoolingTask.EMBED
-        embeds = self._run(list(items.values()), params, task, truncate_prompt_tokens, use_tqdm,
-                           side, lora=lora)
+        embeds = self._pool(list(items.values()), task, params, use_tqdm,
+                            truncate_prompt_tokens=truncate_prompt_tokens,
+                            truncation_side=side, lora=lora)
         by_key = dict(zip(items, embeds))
         similarity = maxsim if multi else cosine_score
         results = []
@@ -180,38 +187,40 @@ class LLM:
             results.append(ScoringRequestOutput.from_base(base))
         return results
 
-    def _run(self, prompts: Prompts, params: Params, task: str,
-             truncate_prompt_tokens: Optional[int], use_tqdm: bool,
-             truncation_side: Optional[str] = None,
-             prompt_len: Optional[int] = None,
-             lora: LoRAArg = None,
-             padding: Optional[str] = None) -> list[PoolingRequestOutput]:
-        """`prompt_len`: the leading tokens of every prompt that are its
-        sentence-transformers prompt (see InputProcessor.prompt_len); `padding`: upstream's
-        (see vllm.engine.padding)."""
+    def _pool(self, prompts: Prompts, task: PoolingTask, params: Params, use_tqdm: bool,
+              **fields: Any) -> list[PoolingRequestOutput]:
+        """Run `prompts` as one typed `PoolingRequest` (`fields`: its tokenization and
+        adapter fields)."""
         self.llm_engine.verify_task(task)
         prompt_list = _as_list(prompts)
         if not prompt_list:
             return []
-        processor = self.llm_engine.processor
-        tokenized = processor.pad(processor.tokenize_many(prompt_list, truncate_prompt_tokens,
-                                                          truncation_side), padding)
-        if prompt_len is not None:
-            tokenized = [dataclasses.replace(t, prompt_len=prompt_len) for t in tokenized]
-        params_list = _per_prompt(params, PoolingParams, len(prompt_list), "PoolingParams")
-        return self._run_tokenized(tokenized, params_list, task, use_tqdm, lora)
+        return self._run(PoolingRequest.of(prompt_list, task, params, **fields), use_tqdm)
 
-    def _run_tokenized(self, tokenized: list[TokenizedPrompt],
-                       params: list[Optional[PoolingParams]], task: str,
-                       use_tqdm: bool, lora: LoRAArg = None) -> list[PoolingRequestOutput]:
+    def _run(self, request: PoolingRequest, use_tqdm: bool) -> list[PoolingRequestOutput]:
+        """Tokenize (truncation, its side, upstream's padding; the leading `prompt_len`
+        tokens marked as a sentence-transformers prompt), then submit."""
+        processor = self.llm_engine.processor
+        tokenized = processor.pad(processor.tokenize_many(
+            list(request.prompts), request.truncate_prompt_tokens, request.truncation_side),
+            request.padding)
+        if request.prompt_len is not None:
+            tokenized = [dataclasses.replace(t, prompt_len=request.prompt_len)
+                         for t in tokenized]
+        return self._submit(tokenized, request, use_tqdm)
+
+    def _submit(self, tokenized: list[TokenizedPrompt], request: PoolingRequest,
+                use_tqdm: bool) -> list[PoolingRequestOutput]:
+        """Verify each prompt's params (once: the engine takes verified params as they
+        are), add every prompt, step the engine until all are done."""
         engine = self.llm_engine
-        verified = []  # checked here, once (the engine takes verified params as they are)
-        for p in params:
+        verified = []
+        for p in request.params:
             p = p.clone() if p is not None else PoolingParams()
             p.verified = False  # a caller's params may have been verified for another model
-            p.verify(task, engine.model_config)
+            p.verify(request.task, engine.model_config)
             verified.append(p)
-        loras = _per_prompt(lora, LoRARequest, len(tokenized), "lora_request entries")
+        loras = _per_prompt(request.lora, LoRARequest, len(tokenized), "lora_request entries")
         ids = [str(next(self._ids)) for _ in tokenized]
         try:
             for rid, prompt, p, adapter in zip(ids, tokenized, verified, loras):
