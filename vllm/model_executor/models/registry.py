@@ -81,6 +81,11 @@ for _prefix, _module in _DECODERS.items():
             "Mistral": "LlamaModel"}[_prefix]
     _REGISTRY[f"{_prefix}ForCausalLM"] = ModelEntry(_module, _cls, "LAST", "embed", True)
     _REGISTRY[f"{_prefix}Model"] = ModelEntry(_module, _cls, "LAST", "embed", True)
+# Names upstream vLLM serves with its Llama code: checkpoints of the Llama layout under
+# another name (an old spelling, and families whose remote code is Llama's).
+for _alias in ("LLaMAForCausalLM", "InternLM3ForCausalLM", "IQuestCoderForCausalLM",
+               "TeleChat3ForCausalLM"):
+    _REGISTRY[_alias] = _REGISTRY["LlamaForCausalLM"]
 
 # Suffixes that an unregistered architecture may carry on top of a registered causal base.
 _ADAPTER_SUFFIXES = {

@@ -15,6 +15,8 @@ import inspect
 from typing import Any, Optional
 
 from vllm.model_executor.models.registry import ModelEntry, ResolvedArch, resolve_architecture
+from vllm.model_executor.models.transformers_refusals import (has_transformers_class, no_class,
+                                                              structural_refusal, unknown_suffix)
 
 MODEL_IMPLS = ("auto", "vllm", "transformers")
 BACKEND_MODULE, BACKEND_CLASS = "transformers_backend", "TransformersModel"
@@ -23,8 +25,13 @@ BACKEND_MODULE, BACKEND_CLASS = "transformers_backend", "TransformersModel"
 # engine's `score`; an encoder keeps its task class's own head, pooled CLS (tokens: ALL).
 _TASK_HEADS = {"ForSequenceClassification": ("classify", "LAST"),
                "ForTokenClassification": ("classify", "ALL")}
-# Suffixes whose checkpoint holds a base model the backend serves for embeddings.
-_EMBED_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "Model")
+# Suffixes whose checkpoint holds a base model the backend serves for embeddings (a
+# `*ForConditionalGeneration` only where its text-only use is verified: TEXT_ONLY_VERIFIED).
+_EMBED_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "Model",
+                   "ForConditionalGeneration")
+# Model-type mappings whose classes are decoders (text, or text with images).
+_DECODER_MAPPINGS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                     "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES")
 
 
 def resolve_model_impl(arch_name: str, model_impl: str,
@@ -58,12 +65,11 @@ def resolve_model_impl(arch_name: str, model_impl: str,
 
 
 def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "") -> ResolvedArch:
-    """The Transformers backend's ResolvedArch for `arch_name` (ValueError where it cannot)."""
-    import transformers
-    if getattr(transformers, arch_name, None) is None:
-        raise ValueError(f"{native_error} transformers {transformers.__version__} has no "
-                         f"class {arch_name} either, so the Transformers backend cannot "
-                         "serve it.".strip())
+    """The Transformers backend's ResolvedArch for `arch_name`; an ArchitectureRefused
+    (a ValueError whose `kind` names the rule) where it cannot serve it."""
+    if not has_transformers_class(arch_name):
+        raise no_class(arch_name, native_error)
+    structural_refusal(arch_name, hf_config)
     causal = is_causal_family(hf_config)
     for suffix, (convert, pooling) in _TASK_HEADS.items():
         if arch_name.endswith(suffix):
@@ -72,8 +78,7 @@ def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "")
             return ResolvedArch(arch_name, _entry(causal, convert, pooling), convert, pooling,
                                 convert)
     if not arch_name.endswith(_EMBED_SUFFIXES):
-        raise ValueError(f"{arch_name} is not a class the Transformers backend serves yet "
-                         f"(suffixes: {', '.join((*_TASK_HEADS, *_EMBED_SUFFIXES))}).")
+        raise unknown_suffix(arch_name, (*_TASK_HEADS, *_EMBED_SUFFIXES))
     pooling = "LAST" if causal else "CLS"
     return ResolvedArch(arch_name, _entry(causal, "embed", pooling), None, pooling, "embed")
 
@@ -110,13 +115,14 @@ def _entry(causal: bool, convert: str, pooling: str = "LAST") -> ModelEntry:
 
 
 def is_causal_family(hf_config: Any) -> bool:
-    """A decoder family: transformers has a causal LM for its model type and no masked LM
-    (BERT-like encoders also have a `*ForCausalLM`; decoders have no masked LM)."""
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    """A decoder family: transformers has a causal LM (or an image-text-to-text decoder)
+    for its model type and no masked LM (BERT-like encoders also have a `*ForCausalLM`;
+    decoders have no masked LM), and the model is not an encoder-decoder."""
+    from transformers.models.auto import modeling_auto
     model_type = hf_config.model_type
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-        model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    decoder = any(model_type in getattr(modeling_auto, name) for name in _DECODER_MAPPINGS)
+    return decoder and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES \
+        and not getattr(hf_config, "is_encoder_decoder", False)
 
 
 def base_model_class(hf_config: Any):
