@@ -9,6 +9,7 @@ from typing import Any, Optional
 from vllm import envs
 from vllm.engine.arg_utils import IGNORED_ARGS, UNSUPPORTED_ARGS, EngineArgs
 from vllm.entrypoints.dp_args import add_data_parallel_flags
+from vllm.entrypoints.openai.cli_flags import EnableDisableAction
 from vllm.entrypoints.openai.lora_args import LORA_ENGINE_FIELDS, add_lora_flags
 from vllm.logger import init_logger
 
@@ -193,12 +194,12 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--seed", type=int, default=0, help="Random seed.")
     engine.add_argument("--block-size", type=int, default=16,
                         help="Tokens per KV-cache block (default 16).")
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+    engine.add_argument("--enable-prefix-caching", action=EnableDisableAction,
                         default=None,
                         help="Reuse the KV cache of shared prompt prefixes. Unset: on for "
                         "causal models with LAST pooling; set: exact for every pooling type "
                         "on causal models, refused (with a warning) on bidirectional ones.")
-    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+    engine.add_argument("--enable-chunked-prefill", action=EnableDisableAction,
                         default=None,
                         help="Split long prompts over several steps. Unset: on for causal "
                         "models with LAST pooling; set: exact for every pooling type on causal "
