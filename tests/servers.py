@@ -29,6 +29,9 @@ class Server:
         sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = make_server(self.app, ns)
+        if getattr(ns, "grpc_port", None) is not None:  # TEI's gRPC service beside it
+            from vllm.entrypoints.grpc.server import grpc_companion
+            self.server.companions = [grpc_companion(ns)(self.app)]
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
         self.thread.start()
@@ -37,6 +40,11 @@ class Server:
         while not self.server.started:
             assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
             time.sleep(0.02)
+
+    @property
+    def grpc_target(self) -> str:
+        """host:port of the gRPC service (a server built with grpc_port=0)."""
+        return f"127.0.0.1:{self.app.state.grpc_port}"
 
     def post(self, path: str, body=None, **kw) -> httpx.Response:
         return self.client.post(path, json=body, **kw)

@@ -36,7 +36,9 @@ LAYERS: list[set[str]] = [
 ENTRYPOINT_LAYERS: list[set[str]] = [
     {"vllm.entrypoints.embed_options"},
     {"vllm.entrypoints.openai", "vllm.entrypoints.llm"},
-    {"vllm.entrypoints.batch"},
+    # grpc: TEI's gRPC service answers through openai's TEI serving code (tei_front), so
+    # it sits above openai; cli starts it beside the HTTP server (run_server's companions).
+    {"vllm.entrypoints.batch", "vllm.entrypoints.grpc"},
     {"vllm.entrypoints.cli"},
 ]
 
@@ -154,7 +156,7 @@ def _entry_part(module: str) -> str:
 
 
 def test_entrypoints_parts_point_down():
-    """cli > batch > openai, llm > embed_options > the shared helpers (any other
+    """cli > batch, grpc > openai, llm > embed_options > the shared helpers (any other
     entrypoints module)."""
     def rank(name: str) -> int:
         return next((i + 1 for i, layer in enumerate(ENTRYPOINT_LAYERS) if name in layer), 0)

@@ -75,7 +75,7 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
                                      "arenas alone."),
     "XDG_CACHE_HOME": EnvVar(None, _str, "Where VLLM_CPU_KERNELS_JIT builds the C++ kernels "
-                           "(default ~/.cache)."),
+                           "and --grpc-port generates TEI's gRPC stubs (default ~/.cache)."),
     # ----- read before torch loads (set by vllm.platforms where unset) --------------------
     "THP_MEM_ALLOC_ENABLE": EnvVar(None, _str, "torch: 1 = huge-page-aligned CPU buffers "
                                    "(vllm sets 1 where unset; 0 turns it off)."),

@@ -14,13 +14,27 @@ logger = init_logger("vllm.entrypoints.cli.main")  # also when run as __main__
 
 def _serve(args: argparse.Namespace) -> int:
     models = getattr(args, "model_tag", None)
+    grpc = getattr(args, "grpc_port", None) is not None
     if isinstance(models, list) and len(models) > 1:  # several models on one port
         if getattr(args, "model", None):
             raise SystemExit("Give the models as MODEL arguments only, without --model.")
+        if grpc:
+            raise SystemExit("--grpc-port serves one model (TEI's gRPC API has no model "
+                             "field); start one server per model.")
         from vllm.entrypoints.openai.multi_server import run_multi_server
         return run_multi_server(args, models)
     from vllm.entrypoints.openai.api_server import run_server
-    return run_server(args)
+    return run_server(args, _grpc_companions(args) if grpc else ())
+
+
+def _grpc_companions(args: argparse.Namespace) -> list:
+    """TEI's gRPC service beside the HTTP server; no grpcio is a start-up error, before the
+    model loads."""
+    from vllm.entrypoints.grpc.server import grpc_companion
+    try:
+        return [grpc_companion(args)]
+    except ImportError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def _run_batch(args: argparse.Namespace) -> int:

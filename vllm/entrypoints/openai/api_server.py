@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import signal
 import socket
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -16,7 +16,7 @@ from vllm import envs
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_lora,
                                      serving_models, serving_pooling, serving_score,
-                                     serving_tei, serving_tokens, tei_routes)
+                                     serving_tei, serving_tokens, tei_front, tei_routes)
 from vllm.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                DEFAULT_MAX_REQUEST_BODY_BYTES, AuthMiddleware,
@@ -91,8 +91,9 @@ def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
         getattr(args, "max_client_batch_size", None) or DEFAULT_MAX_CLIENT_BATCH_SIZE))
     # TEI's routes sit inside the edge: the API key, metrics and body limits apply to them.
     app.add_middleware(tei_routes.TeiRoutes, serving=tei, metrics=metrics.tei,
-                       info=lambda: tei_routes.tei_info(tei, args),
+                       info=lambda: tei_front.tei_info(tei, args),
                        health=lambda: async_llm is not None and async_llm.is_alive)
+    app.state.tei = tei  # TEI's gRPC service (vllm/entrypoints/grpc) answers through it too
     _add_edge(app, ctx, args)
     return app
 
@@ -137,14 +138,29 @@ def _add_edge(app: FastAPI, ctx: ServingContext, args: Any) -> None:
                        allow_credentials=bool(getattr(args, "allow_credentials", False)))
 
 
+# A server that runs beside uvicorn in its event loop (e.g. TEI's gRPC service): started
+# before uvicorn, it returns the coroutine function that stops it after uvicorn has stopped.
+Companion = Callable[[], Awaitable[Callable[[], Awaitable[None]]]]
+
+
 class _Server(uvicorn.Server):
     """uvicorn that stops gracefully on SIGINT/SIGTERM and returns instead of re-raising
     the signal, so the engine is shut down and the process exits 0. Its event loop's
-    thread runs torch ops without an OpenMP team (`helper_threads`)."""
+    thread runs torch ops without an OpenMP team (`helper_threads`). `companions` run in
+    the same event loop, from before uvicorn starts until after it stops."""
+
+    companions: Sequence[Companion] = ()
 
     async def serve(self, sockets: Optional[list[socket.socket]] = None) -> None:
         with serial_torch():  # the caller's thread: its thread count back on return
-            await super().serve(sockets)
+            stops = []
+            try:
+                for start in self.companions:
+                    stops.append(await start())
+                await super().serve(sockets)
+            finally:
+                for stop in reversed(stops):
+                    await stop()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.should_exit:
@@ -219,9 +235,10 @@ def freeze_startup_heap() -> None:
                 gc.get_freeze_count())
 
 
-def run_server(args: Any) -> int:
+def run_server(args: Any, companions: Sequence[Callable[[FastAPI], Companion]] = ()) -> int:
     """Load the engine, then serve until SIGINT/SIGTERM; always shut the engine down (one
-    model; `vllm serve` hands several to `multi_server.run_multi_server`).
+    model; `vllm serve` hands several to `multi_server.run_multi_server`). `companions`:
+    for each, `companion(app)` is started beside uvicorn (`vllm serve --grpc-port`).
     Returns the process exit status: 0, or 1 when the engine died (its requests in flight
     were answered 503 first), so that a supervisor restarts the server, as upstream."""
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
@@ -241,6 +258,7 @@ def run_server(args: Any) -> int:
         scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
         logger.info("Listening on %s://%s:%d", scheme, shown, port)
         server = make_server(app, args)
+        server.companions = [companion(app) for companion in companions]
         async_llm.on_dead(lambda: _exit_after_engine_death(server))
         server.run(sockets=[sock])
     finally:

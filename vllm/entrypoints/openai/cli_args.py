@@ -119,6 +119,10 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-client-batch-size", type=int, default=32, metavar="N",
                         help="Most inputs in one request on the TEI routes (/embed, /predict, "
                         "/rerank, ...); more is TEI's validation error (default 32, as TEI).")
+    server.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                        help="Also serve Hugging Face TEI's gRPC API (tei.v1) on this port "
+                        "(0 = any free port), beside HTTP, with the same engine, API key and "
+                        "limits; needs the `grpc` extra (grpcio, grpcio-tools).")
     server.add_argument("--max-tokens-per-request", type=_human_int, default=None,
                         metavar="N", help="Most tokens in one request's inputs together; more "
                         "is a 400 (default 2M).")

@@ -1,8 +1,9 @@
 """TEI's routes as thin mappers over the existing serving paths: /embed, /embed_all and
 /embed_sparse run `ServingPooling.encode`, /rerank runs `ServingScores.rerank`, /predict
 runs the /classify task on texts and pairs, /similarity the embeddings' cosine, and
-/tokenize and /decode the tokenizer thread. Each handler returns a `TeiResult`; the HTTP
-layer (tei_routes.py) adds TEI's headers, metrics and error body."""
+/tokenize and /decode the tokenizer thread. Each handler returns a `TeiResult`;
+tei_front.py runs it for both transports (metrics, TEI's error types), and the HTTP routes
+(tei_routes.py) and the gRPC service (vllm/entrypoints/grpc) put it on their wire."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
