@@ -6,6 +6,7 @@ directory built under pytest's session temp directory, with a tokenizer beside i
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pathlib
@@ -123,11 +124,15 @@ def vllm_log(caplog):
 
 
 def pytest_unconfigure(config):
-    """Triton's nanobind extension lists hundreds of 'leaked' types on stderr when the
-    interpreter exits (after pytest's summary, so CI's last lines would be that list, not
-    the result). Once pytest has reported, stderr's descriptor points at /dev/null for the rest of
-    the shutdown, only where triton was imported."""
+    """Triton's nanobind extension lists hundreds of 'leaked' types on stderr while the
+    interpreter finalizes (after pytest's summary, so CI's last lines would be that list,
+    not the result). Where triton was imported, an exit handler points stderr's descriptor
+    at /dev/null: it runs after pytest has reported and restored its captured descriptors,
+    and before finalization."""
     if "triton" in sys.modules:
-        sys.stderr.flush()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
+        atexit.register(_silence_stderr)
+
+
+def _silence_stderr() -> None:
+    sys.stderr.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
