@@ -168,6 +168,13 @@ class AsyncLLM(TokenizerFront):
             stats.num_waiting += self._inbox.num_queued
         return stats
 
+    def reset_stats(self) -> None:
+        """The engine's counters from zero; only while nothing is in flight (the server
+        calls it after its warm-up, whose requests have all been answered)."""
+        if self.num_pending:
+            raise RuntimeError("reset_stats needs an idle engine.")
+        self.engine.reset_stats()
+
     def replica_stats(self) -> dict[str, EngineStats]:
         return {}  # one engine: no replicas (EngineClient)
 

@@ -172,6 +172,14 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting))
 
+    def reset_stats(self) -> None:
+        """Start every counter again from zero (after the server's warm-up, so /metrics
+        counts users' work only). Call it while no request is in flight."""
+        self._stats = EngineStats()
+        self.kv.prefix_cache_queries = self.kv.prefix_cache_hits = 0
+        self.kv.pool.num_evictions = 0
+        self.scheduler.num_preemptions = 0
+
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix block hash (later requests recompute from scratch)."""
         self.kv.reset_prefix_cache()

@@ -1,9 +1,12 @@
 """The OpenAI-compatible HTTP server: `build_app(async_llm, args)` and `run_server(args)`."""
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
 import signal
 import socket
+import stat
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import uvicorn
@@ -13,7 +16,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from vllm import envs
+from vllm.engine.async_llm import AsyncLLM
 from vllm.engine.protocol import EngineClient
+from vllm.engine.warmup import warm_up
 from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_lora,
                                      serving_models, serving_pooling, serving_score,
                                      serving_tei, serving_tokens, tei_front, tei_routes)
@@ -181,6 +186,78 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening Unix domain socket at `path` (`--uds`). A stale socket file left by a
+    server that is gone is replaced; a live server's socket or any other file is refused."""
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ValueError(f"--uds {path}: the path exists and is not a socket; "
+                             "remove it or choose another path.")
+        if _socket_answers(path):
+            raise ValueError(f"--uds {path}: another server is listening on this socket.")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"--uds {path}: cannot bind the socket ({exc.strerror}).") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _socket_answers(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def open_listener(args: Any) -> tuple[socket.socket, str]:
+    """The server's listening socket and its address for the log: the Unix socket of
+    `--uds PATH` (then `--host`/`--port` are ignored, as upstream), else TCP host:port."""
+    uds = getattr(args, "uds", None)
+    if uds:
+        return bind_unix_socket(uds), f"unix:{uds}"
+    sock = bind_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
+    return sock, f"{scheme}://{shown}:{port}"
+
+
+def close_listener(sock: socket.socket, uds: Optional[str] = None) -> None:
+    """Close the listening socket (uvicorn may have closed it already) and remove the Unix
+    socket's file `uds` that `open_listener` made."""
+    sock.close()
+    if uds:
+        try:
+            os.unlink(uds)
+        except OSError:
+            pass
+
+
+def warm_up_engine(async_llm: EngineClient, args: Any) -> None:
+    """One short batch per served task before the server listens (`--no-warmup` skips
+    it), so the first user request does not pay for the first forward pass."""
+    if getattr(args, "no_warmup", False):
+        logger.info("Warm-up skipped (--no-warmup).")
+        return
+    if not isinstance(async_llm, AsyncLLM):
+        logger.info("Warm-up skipped: data parallel replicas are not warmed up; their first "
+                    "requests pay for the first forward pass (use --no-warmup to silence).")
+        return
+    with serial_torch():
+        report = asyncio.run(warm_up(async_llm))
+    async_llm.reset_stats()  # /metrics counts users' requests only, as without a warm-up
+    (logger.warning if report.failed else logger.info)("%s", report.describe())
+
+
 def _http_protocol() -> type:
     """uvicorn's fastest HTTP/1.1 protocol here (httptools if installed, else h11), with
     TCP_NODELAY on every connection.
@@ -245,23 +322,24 @@ def run_server(args: Any, companions: Sequence[Callable[[FastAPI], Companion]] =
     from vllm.scaleout.engine import make_async_engine
     engine_args = engine_args_from_namespace(args)
     async_llm = make_async_engine(engine_args, args)
+    sock = None
     try:
         app = build_app(async_llm, args)
+        warm_up_engine(async_llm, args)
         freeze_startup_heap()
-        sock = bind_socket(args.host, args.port)
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
+        sock, address = open_listener(args)
         logger.info("Serving model %s as %s", async_llm.model_config.model,
                     ", ".join(app.state.serving.served_model_names))
         logger.info("Supported tasks: %s; routes: %s", list(async_llm.model_config.supported_tasks),
                     ", ".join(app.state.serving.served_routes()))
-        scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
-        logger.info("Listening on %s://%s:%d", scheme, shown, port)
+        logger.info("Listening on %s", address)
         server = make_server(app, args)
         server.companions = [companion(app) for companion in companions]
         async_llm.on_dead(lambda: _exit_after_engine_death(server))
         server.run(sockets=[sock])
     finally:
+        if sock is not None:
+            close_listener(sock, getattr(args, "uds", None))
         async_llm.shutdown()
         logger.info("Server stopped.")
     return 1 if async_llm.errored else 0

@@ -101,6 +101,14 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
                         "interface).")
     server.add_argument("--port", type=int, default=8000, help="Port to listen on (0 = any "
                         "free port).")
+    server.add_argument("--uds", default=None, metavar="PATH",
+                        help="Serve HTTP on this Unix domain socket instead of TCP; --host "
+                        "and --port are then ignored (as upstream). A stale socket file is "
+                        "replaced; a live server's socket is refused.")
+    server.add_argument("--no-warmup", action="store_true",
+                        help="Skip the start-up warm-up (one short batch per task the model "
+                        "serves, run before the server listens, so the first request is not "
+                        "the slow one).")
     server.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="Name(s) clients use in the `model` field; the first is the one "
                         "reported in responses. Default: MODEL as given.")

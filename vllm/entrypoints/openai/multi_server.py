@@ -36,8 +36,9 @@ def model_namespaces(args: argparse.Namespace, models: list[str]) -> list[argpar
 
 def run_multi_server(args: argparse.Namespace, models: list[str]) -> int:
     """Load every model, serve them all until SIGINT/SIGTERM, shut every engine down."""
-    from vllm.entrypoints.openai.api_server import (bind_socket, build_app,
-                                                    freeze_startup_heap, make_server)
+    from vllm.entrypoints.openai.api_server import (build_app, close_listener,
+                                                    freeze_startup_heap, make_server,
+                                                    open_listener, warm_up_engine)
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
     from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                    DEFAULT_MAX_REQUEST_BODY_BYTES)
@@ -47,6 +48,7 @@ def run_multi_server(args: argparse.Namespace, models: list[str]) -> int:
     check_fits([estimate(ns.served_model_name[0], ea.create_engine_config())
                 for ns, ea in zip(spaces, engine_args)])
     engines: list[Any] = []
+    sock = None
     try:
         for ns, ea in zip(spaces, engine_args):
             engines.append(make_async_engine(ea, ns))
@@ -57,15 +59,18 @@ def run_multi_server(args: argparse.Namespace, models: list[str]) -> int:
             int(getattr(args, "max_request_body_bytes", None) or
                 DEFAULT_MAX_REQUEST_BODY_BYTES),
             float(getattr(args, "body_read_timeout", None) or DEFAULT_BODY_READ_TIMEOUT_S))
+        for engine in engines:
+            warm_up_engine(engine, args)
         freeze_startup_heap()
-        sock = bind_socket(args.host, args.port)
-        logger.info("Listening on http://%s:%d (%d models)", *sock.getsockname()[:2],
-                    len(engines))
+        sock, address = open_listener(args)
+        logger.info("Listening on %s (%d models)", address, len(engines))
         server = make_server(router, args)
         for engine in engines:
             engine.on_dead(lambda: setattr(server, "should_exit", True))
         server.run(sockets=[sock])
     finally:
+        if sock is not None:
+            close_listener(sock, getattr(args, "uds", None))
         for engine in engines:
             engine.shutdown()
         logger.info("Server stopped.")

@@ -65,10 +65,11 @@ class TeiRoutes:
         if path in SHARED and not is_tei_body(path, body):
             return await self.app(scope, _replay(raw, receive), send)
         if path in DISPATCHED:
-            path = self._kind_route()
+            path = "/similarity" if _is_similarity(body) else self._kind_route()
         await self._answer(path, body, Request(scope, _replay(raw, receive)), send)
 
     def _kind_route(self) -> str:
+        """The route POST / and TEI-shaped /invocations bodies take: the model kind's."""
         try:
             kind = self.serving.kind()
         except APIError:
@@ -101,6 +102,15 @@ class TeiRoutes:
     async def _send_error(send: Callable, err: TeiError) -> None:
         extra = [(k.lower().encode(), v.encode()) for k, v in (err.headers or {}).items()]
         await _send_raw(send, err.status, _dumps(err.body()), extra)
+
+
+def _is_similarity(body: Any) -> bool:
+    """A sentence-similarity body (`{"inputs": {"source_sentence", "sentences"}}`, what the
+    Hugging Face Inference API's sentence-similarity task and `InferenceClient.
+    sentence_similarity` post to the root): it goes to /similarity, on any model kind
+    (/similarity itself answers 424 where the model cannot embed)."""
+    return isinstance(body, dict) and isinstance(body.get("inputs"), dict) and \
+        "source_sentence" in body["inputs"]
 
 
 def _dumps(body: Any) -> bytes:
