@@ -319,7 +319,8 @@ def test_qwen3_reranker_classify_is_p_yes(reranker_llm, qwen3_reranker_dir):
 def test_qwen3_reranker_score_is_p_yes(reranker_llm, qwen3_reranker_dir):
     outs = reranker_llm.score(QUERY, DOCS, use_tqdm=False)
     for doc, out in zip(DOCS, outs):
-        ids = list(mf.hf_tokenizer(qwen3_reranker_dir)(QUERY, doc)["input_ids"])
+        # without a score template an LLM reranker scores the joined texts (as upstream)
+        ids = list(mf.hf_tokenizer(qwen3_reranker_dir)(QUERY + doc)["input_ids"])
         assert out.prompt_token_ids == ids
         assert abs(out.outputs.score - _p_yes(qwen3_reranker_dir, ids)) <= 1e-5
 

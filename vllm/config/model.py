@@ -11,7 +11,7 @@ from transformers import PretrainedConfig
 
 from vllm import envs
 from vllm.config.pooler import PoolerConfig
-from vllm.config.tasks import ModelTasks
+from vllm.config.tasks import ModelTasks, token_head_method
 from vllm.logger import init_logger
 from vllm.model_executor.models.registry import (ResolvedArch, config_pooling_type,
                                                  convert_architecture)
@@ -20,6 +20,7 @@ from vllm.model_executor.models.transformers_arch import (convert_backend_archit
 from vllm.platforms import platform_for, resolve_device
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
+from vllm.transformers_utils.score_template import load_score_template
 from vllm.transformers_utils.st_config import SentenceTransformersConfig, load_st_config
 
 logger = init_logger(__name__)
@@ -59,6 +60,8 @@ class ModelConfig(ModelTasks):
     limit_mm_per_prompt: Optional[dict[str, Any]] = None  # {"image": N}
     allowed_local_media_path: Optional[str] = None   # file:// URLs under this directory
     allowed_media_domains: Optional[list[str]] = None  # http(s) hosts that may be fetched
+    # A score template (file path or Jinja text) for LLM rerankers: --chat-template
+    chat_template: Optional[Union[str, Path]] = None
 
     # Resolved in __post_init__.
     path: Path = field(init=False)
@@ -71,6 +74,8 @@ class ModelConfig(ModelTasks):
     # (it cannot take the engine's): prefix caching and chunked prefill stay off.
     whole_sequences: bool = field(init=False, default=False)
     whole_reason: Optional[str] = field(init=False, default=None)
+    # The text of `chat_template` (read at start-up, so a bad path fails there).
+    score_template: Optional[str] = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.path = resolve_model_path(self.model, self.revision)
@@ -91,6 +96,8 @@ class ModelConfig(ModelTasks):
         self.max_model_len = self._resolve_max_model_len()
         self._check_long_input_settings()
         self._check_media_settings()
+        self.score_template = load_score_template(self.chat_template)
+        token_head_method(self.hf_config)  # a bad classifier_from_token / method fails here
 
     def _apply_sparse_encoder(self) -> None:
         """A sentence-transformers SparseEncoder (MLM transformer + SpladePooling) is served

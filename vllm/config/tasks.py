@@ -6,7 +6,42 @@ tasks the model's pooler supports; the seed's `encode` (and `reward`) stay besid
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from vllm.tasks import ENGINE_TASKS, TASKS, TOKEN_TASKS, PoolingTask as T
+
+
+# How `classifier_from_token` turns lm_head rows into a score head (upstream's `method`):
+# from_2_way_softmax: two tokens [false, true], one label whose logit is true - false, so the
+#   sigmoid of the score is the softmax of the two token logits at "true";
+# no_post_processing: one label per token, each its token's logit.
+TOKEN_HEAD_METHODS = ("from_2_way_softmax", "no_post_processing")
+
+
+def token_head_method(hf_config) -> Optional[str]:
+    """The checked `method` of a `classifier_from_token` head: the config's own, else
+    from_2_way_softmax for the original Qwen3-Reranker (`is_original_qwen3_reranker`), else
+    no_post_processing; None without `classifier_from_token`."""
+    tokens = getattr(hf_config, "classifier_from_token", None)
+    method = getattr(hf_config, "method", None)
+    if not tokens:
+        if method is not None:
+            raise ValueError(f"method={method!r} needs classifier_from_token (the tokens whose "
+                             "lm_head rows make the score head).")
+        return None
+    if not isinstance(tokens, (list, tuple)) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"classifier_from_token must be a list of token strings, got "
+                         f"{tokens!r}.")
+    if method is None:
+        method = "from_2_way_softmax" if getattr(
+            hf_config, "is_original_qwen3_reranker", False) else "no_post_processing"
+    if method not in TOKEN_HEAD_METHODS:
+        raise ValueError(f"method={method!r} is not supported; use one of "
+                         f"{list(TOKEN_HEAD_METHODS)}.")
+    if method == "from_2_way_softmax" and len(tokens) != 2:
+        raise ValueError(f"method='from_2_way_softmax' needs exactly two tokens [false, true] "
+                         f"in classifier_from_token, got {list(tokens)}.")
+    return method
 
 
 class ModelTasks:
@@ -16,7 +51,7 @@ class ModelTasks:
     def num_labels(self) -> int:
         tokens = getattr(self.hf_config, "classifier_from_token", None)
         if tokens:
-            return 1 if getattr(self.hf_config, "is_original_qwen3_reranker", False) \
+            return 1 if token_head_method(self.hf_config) == "from_2_way_softmax" \
                 else len(tokens)
         # As upstream: the reward layouts fix their width (Qwen2.5-Math-RM's config.json has
         # no id2label, so transformers' default of 2 labels would not match its 1-wide head).

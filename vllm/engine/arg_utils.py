@@ -61,6 +61,7 @@ class EngineArgs:
     truncation_side: Optional[str] = None
     embedding_calibration: Optional[str] = None
     rerank_max_chunks_per_doc: int = 0
+    chat_template: Optional[str] = None
     limit_mm_per_prompt: Optional[dict[str, Any]] = None
     allowed_local_media_path: Optional[str] = None
     allowed_media_domains: Optional[list[str]] = None
@@ -103,6 +104,7 @@ class EngineArgs:
             truncation_side=self.truncation_side,
             embedding_calibration=self.embedding_calibration,
             rerank_max_chunks_per_doc=self.rerank_max_chunks_per_doc,
+            chat_template=self.chat_template,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
             allowed_local_media_path=self.allowed_local_media_path,
             allowed_media_domains=self.allowed_media_domains)

@@ -43,12 +43,16 @@ class TokenizerFront:
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
                              truncate_prompt_tokens: Optional[int] = None,
                              truncation_side: Optional[str] = None,
-                             max_tokens_2: int = 0) -> list[Any]:
+                             max_tokens_2: int = 0,
+                             template_kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
         """Tokenize (text_1, text_2) pairs in the tokenizer's own pair form (or the model's
-        scoring template, whose items may be image prompts)."""
+        scoring template, whose items may be image prompts, or its score template filled
+        with `template_kwargs`)."""
         processor = self.processor
 
         def work() -> list[Any]:
             return [processor.tokenize_score_pair(a, b, truncate_prompt_tokens, truncation_side,
-                                                  max_tokens_2) for a, b in pairs]
+                                                  max_tokens_2,
+                                                  chat_template_kwargs=template_kwargs)
+                    for a, b in pairs]
         return await self.run_in_tokenizer_thread(work)

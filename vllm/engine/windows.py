@@ -22,6 +22,9 @@ def _limit(processor: InputProcessor, truncate_prompt_tokens: Optional[int]) -> 
 def pair_windows(processor: InputProcessor, query: str, doc: str, max_windows: int,
                  truncate_prompt_tokens: Optional[int] = None) -> list[TokenizedPrompt]:
     """The (query, window) prompts of one document; one prompt when the pair fits."""
+    if processor.score_template() is not None:
+        raise ValueError("rerank windows cut the tokenizer's pair form; this model scores "
+                         "through a score template, so windows cannot be used with it.")
     length = _limit(processor, truncate_prompt_tokens)
     room = length - processor.num_tokens(query) - \
         processor.tokenizer.num_special_tokens_to_add(pair=True)

@@ -13,6 +13,7 @@ from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.padding import padding_kwarg
 from vllm.engine.pooling_request import PoolingRequest
 from vllm.engine.processor import PromptType, TokenizedPrompt
+from vllm.transformers_utils.score_template import load_score_template
 from vllm.logger import init_logger
 from vllm.entrypoints.embed_options import Calibration, EmbedOptions
 from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
@@ -143,16 +144,22 @@ class LLM:
               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
               pooling_params: Optional[PoolingParams] = None, *,
               truncation_side: Optional[str] = None,
+              chat_template: Optional[str] = None,
+              chat_template_kwargs: Optional[dict[str, Any]] = None,
               **kwargs: Any) -> list[ScoringRequestOutput]:
         """Cross-encoders score each (data_1, data_2) pair; embedding models score the
-        cosine similarity of the two embeddings. Pairs: 1->1, 1->N, N->N."""
+        cosine similarity of the two embeddings. Pairs: 1->1, 1->N, N->N.
+        `chat_template` (a file path or the Jinja text; default: the engine's) renders an LLM
+        reranker's pair as messages [{role: query}, {role: document}]."""
         lora = _refuse_extra(kwargs)
         engine = self.llm_engine
         engine.verify_task(PoolingTask.SCORE)
         pairs = pair_texts(_texts(data_1), _texts(data_2))
+        template = load_score_template(chat_template)
         if engine.model_config.is_cross_encoder:
-            tokenized = [engine.processor.tokenize_score_pair(a, b, truncate_prompt_tokens,
-                                                              truncation_side) for a, b in pairs]
+            tokenized = [engine.processor.tokenize_score_pair(
+                a, b, truncate_prompt_tokens, truncation_side, chat_template=template,
+                chat_template_kwargs=chat_template_kwargs) for a, b in pairs]
             request = PoolingRequest.of(pairs, PoolingTask.SCORE, pooling_params, lora=lora)
             outs = self._submit(tokenized, request, use_tqdm)
             return [ScoringRequestOutput.from_base(o) for o in outs]
@@ -161,6 +168,9 @@ class LLM:
                 raise ValueError("score on an embedding model takes one lora_request for "
                                  "all texts (a list is for cross-encoders: one per pair).")
             lora = lora[0] if lora else None
+        if template is not None or chat_template_kwargs:
+            raise ValueError("chat_template applies to cross-encoder scoring; this model "
+                             "scores by the similarity of two embeddings.")
         return self._embedding_scores(pairs, truncate_prompt_tokens, use_tqdm, pooling_params,
                                       truncation_side, lora)
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from vllm.config.model import ModelConfig
+from vllm.config.tasks import token_head_method
 from vllm.logger import init_logger
 from vllm.attention.backends.registry import get_backend
 from vllm.model_executor.layers.attention import Attention, bind_attention
@@ -210,6 +211,8 @@ def _load(mc: ModelConfig, model: PoolingModel, device: str, names: set[str]) ->
     missing = set(dict(backbone.named_parameters())) - loaded
     if lm_head is None and ties.get("lm_head.weight") in loaded:
         lm_head = backbone.get_parameter(ties["lm_head.weight"]).data
+    if lm_head is None and from_token:
+        lm_head = _tied_lm_head(mc, backbone)
     if missing:
         raise ValueError(f"Checkpoint {mc.path} is missing weights for: {sorted(missing)[:8]}")
     if head is None or preloaded:
@@ -223,13 +226,26 @@ def _load(mc: ModelConfig, model: PoolingModel, device: str, names: set[str]) ->
                          f"{sorted(missing_head)}. Is this checkpoint a {mc.convert} model?")
 
 
+def _tied_lm_head(mc: ModelConfig, backbone: nn.Module) -> Optional[torch.Tensor]:
+    """The lm_head of a checkpoint that ties it to the input embeddings and so stores none
+    (Gemma), where the backbone names no tie itself (the Transformers backend): its one
+    `embed_tokens` matrix."""
+    if not getattr(mc.hf_config, "tie_word_embeddings", True):
+        return None
+    hits = [p for n, p in backbone.named_parameters() if n.endswith("embed_tokens.weight")]
+    return hits[0].data if len(hits) == 1 else None
+
+
 def _head_from_tokens(mc: ModelConfig, head: nn.Module, lm_head: Optional[torch.Tensor],
                       tokens: list[str]) -> None:
-    """Qwen3-Reranker style: the score rows are lm_head rows of the given tokens; the
-    original reranker's single label is yes - no, so sigmoid(score) = P(yes | yes, no)."""
+    """An LLM reranker's score head from the lm_head rows of its tokens (upstream's
+    `method`, see `token_head_method`): from_2_way_softmax (Qwen3-Reranker, mxbai-rerank-v2)
+    keeps one row, true - false, so sigmoid(score) = softmax of the two logits at "true";
+    no_post_processing (bge-reranker-v2-gemma) keeps each token's row."""
     from transformers import AutoTokenizer
     if lm_head is None:
         raise ValueError("classifier_from_token needs the checkpoint's lm_head weights")
+    method = token_head_method(mc.hf_config)
     tok = AutoTokenizer.from_pretrained(mc.tokenizer)
     ids = []
     for t in tokens:
@@ -238,9 +254,7 @@ def _head_from_tokens(mc: ModelConfig, head: nn.Module, lm_head: Optional[torch.
             raise ValueError(f"classifier_from_token: token {t!r} is not in the vocabulary")
         ids.append(tid)
     rows = lm_head[ids].float()
-    if getattr(mc.hf_config, "is_original_qwen3_reranker", False):
-        if len(tokens) != 2:
-            raise ValueError("is_original_qwen3_reranker needs exactly two tokens [no, yes]")
+    if method == "from_2_way_softmax":
         rows = (rows[1] - rows[0])[None]
     head.score.weight.data.copy_(rows)
-    logger.info("Built the score head from lm_head rows of tokens %s", tokens)
+    logger.info("Built the score head from lm_head rows of tokens %s (%s)", tokens, method)

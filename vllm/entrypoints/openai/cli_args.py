@@ -26,7 +26,7 @@ _ENGINE_FIELDS = ("tokenizer", "runner", "convert", "task", "dtype", "quantizati
                   "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
                   "long_prefill_token_threshold", "num_gpu_blocks_override",
                   "gpu_memory_utilization", "truncation_side", "embedding_calibration",
-                  "rerank_max_chunks_per_doc", "limit_mm_per_prompt",
+                  "rerank_max_chunks_per_doc", "chat_template", "limit_mm_per_prompt",
                   "allowed_local_media_path", "allowed_media_domains")
 # vLLM engine flags without a value (the rest of IGNORED_ARGS take one).
 _IGNORED_SWITCHES = frozenset({
@@ -47,7 +47,7 @@ _IGNORED_SERVER_FLAGS = {
     "disable_frontend_multiprocessing": False, "enable_request_id_headers": False,
     "disable_fastapi_docs": False, "enable_prompt_tokens_details": False,
     "enable_server_load_tracking": False, "return_tokens_as_token_ids": False,
-    "enable_auto_tool_choice": False, "tool_call_parser": True, "chat_template": True,
+    "enable_auto_tool_choice": False, "tool_call_parser": True,
     "response_role": True, "middleware": True,
     "max_log_len": True,
 }
@@ -257,6 +257,10 @@ def _add_long_input_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rerank-max-chunks-per-doc", type=int, default=0, metavar="N",
                        help="Score a rerank document too long for the model by up to N "
                        "windows (its score: the best window's); 0 = off (a 400, as before).")
+    group.add_argument("--chat-template", default=None, metavar="FILE",
+                       help="Score template for LLM rerankers (a Jinja file or the template "
+                       "itself): renders the messages [{role: query}, {role: document}] into "
+                       "the prompt that /score and /rerank score.")
 
 
 def _add_compat_flags(parser: argparse.ArgumentParser) -> None:

@@ -195,6 +195,16 @@ class LongInputFields(EngineRequest):
     truncation_side: TruncationSide = None
     max_tokens_per_query: int = 0
     max_tokens_per_doc: int = 0
+    # Variables for the score template (upstream 0.33): `instruction` is short for
+    # chat_template_kwargs={"instruction": ...}; a key inside chat_template_kwargs wins.
+    instruction: Optional[Text] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def template_kwargs(self) -> Optional[dict[str, Any]]:
+        """The score template's extra variables of this request (None: none)."""
+        if self.instruction is None:
+            return self.chat_template_kwargs
+        return {"instruction": self.instruction, **(self.chat_template_kwargs or {})}
 
 
 # A score/rerank item: a text, or upstream's multimodal `{"content": [parts]}`.

@@ -249,11 +249,13 @@ class ServingContext:
 
     async def tokenize_pairs(self, pairs: Sequence[tuple[str, str]],
                              truncate: Optional[int], side: Optional[str] = None,
-                             max_tokens_2: int = 0) -> list[Any]:
+                             max_tokens_2: int = 0,
+                             template_kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
         self.limits.check_inputs(len(pairs), None)
         k = self.check_truncation(truncate, side)
         try:
-            tokenized = await self.engine.tokenize_pairs(pairs, k, side, max_tokens_2)
+            tokenized = await self.engine.tokenize_pairs(pairs, k, side, max_tokens_2,
+                                                         template_kwargs)
         except ValueError as exc:
             raise bad_request(str(exc), getattr(exc, "field", None)) from exc
         self.limits.check_tokens(tokenized, None)

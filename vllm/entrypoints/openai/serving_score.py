@@ -1,6 +1,7 @@
 """POST /score, /v1/score, /rerank, /v1/rerank, /v2/rerank.
 
-Cross-encoders score each (text_1, text_2) pair in the tokenizer's pair form; embedding
+Cross-encoders score each (text_1, text_2) pair in the tokenizer's pair form, or through a
+score template (--chat-template; `instruction` / `chat_template_kwargs` fill it); embedding
 models embed each text once and score by cosine similarity, so a query shared by N
 documents is computed (and counted in usage) once.
 """
@@ -70,11 +71,15 @@ class ServingScores:
                 text_1 = await ctx.engine.run_in_tokenizer_thread(
                     lambda: [processor.cap_text(t, cap_q, side) for t in text_1])
             prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
-                                               truncate, side, cap_d)
+                                               truncate, side, cap_d, body.template_kwargs())
             outputs = await ctx.run(http, prompts, params, base_id, param=None,
                                     salt=body.cache_salt)
             scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
             return scores, prompt_tokens(outputs)
+        if body.template_kwargs() is not None:
+            raise bad_request("chat_template_kwargs and instruction fill a cross-encoder's "
+                              "score template; this model scores by embedding similarity.",
+                              "chat_template_kwargs")
         if activation is not None or use_activation is not None:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
@@ -106,6 +111,10 @@ class ServingScores:
             if getattr(body, name):
                 raise bad_request(f"{name} cuts a text, windows cover it whole: with "
                                   "max_chunks_per_doc, leave it unset.", name)
+        if body.template_kwargs() is not None:
+            raise bad_request("rerank windows score the tokenizer's pair form, which has no "
+                              "template to fill: leave chat_template_kwargs and instruction "
+                              "unset.", "chat_template_kwargs")
         truncate = body.truncate_prompt_tokens
         ctx.check_truncation(truncate)
         processor, cross = ctx.engine.processor, ctx.model_config.is_cross_encoder
