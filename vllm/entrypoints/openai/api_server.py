@@ -254,7 +254,8 @@ def warm_up_engine(async_llm: EngineClient, args: Any) -> None:
         return
     with serial_torch():
         report = asyncio.run(warm_up(async_llm))
-    async_llm.reset_stats()  # /metrics counts users' requests only, as without a warm-up
+    if not report.failed:  # /metrics counts users' requests only, as without a warm-up
+        async_llm.reset_stats()
     (logger.warning if report.failed else logger.info)("%s", report.describe())
 
 
