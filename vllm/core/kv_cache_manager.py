@@ -38,9 +38,11 @@ def hash_blocks(token_ids: list[int], block_size: int, extra: Optional[str] = No
     hashes: list[bytes] = []
     parent = _seed(extra, pool_key)
     keys = sorted(position_keys or ())
+    data = memoryview(array("q", token_ids)).cast("B")  # one conversion, sliced per block
+    width = 8 * block_size
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         h = hashlib.sha256(parent)
-        h.update(array("q", token_ids[start: start + block_size]).tobytes())
+        h.update(data[8 * start: 8 * start + width])
         for pos, key in keys:
             if start <= pos < start + block_size:
                 h.update(b"\xff" + key.encode())
