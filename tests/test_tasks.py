@@ -27,7 +27,7 @@ def test_a_task_is_its_plain_name():
 def test_the_servers_routes_come_from_the_table():
     assert ROUTE_TASKS == {route: route_tasks(route) for route in POOLING_ROUTES}
     assert ROUTE_TASKS["/pooling"] == ("encode", "reward")
-    assert ROUTE_TASKS["/v1/embeddings"] == ("embed",)
+    assert ROUTE_TASKS["/v1/embeddings"] == ("embed", "token_embed")
     assert all(ROUTE_TASKS[r] == ("score",) for r in ("/score", "/rerank", "/v2/rerank"))
 
 

@@ -184,7 +184,9 @@ def test_pooling_route_token_tasks(tmp_path, bert_embed_dir):
         ids = mf.hf_tokenizer(bert_embed_dir)(TEXTS[0])["input_ids"]
         ref = torch.nn.functional.normalize(mf.hf_hidden_states(bert_embed_dir, ids), dim=-1)
         assert got.shape == ref.shape and mf.max_abs_diff(got, ref) < 1e-4
-        assert server.post("/v1/embeddings", {"input": "x"}).status_code == 404
+        emb = server.post("/v1/embeddings", {"input": TEXTS[0]})  # the matrix, as upstream
+        assert emb.status_code == 200 and torch.equal(
+            torch.tensor(emb.json()["data"][0]["embedding"]), got)
         rr = server.post("/rerank", {"query": "a b", "documents": ["a", "b c"]})
         assert rr.status_code == 200, rr.text  # MaxSim, as ColBERT
     finally:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Optional, TypeVar
 
 import torch
 
@@ -50,6 +50,25 @@ class ScoringOutput:
     score: float
 
 
+@dataclass(frozen=True)
+class LateChunk:
+    """One late chunk: its tokens [start, end) and the characters of the input text they
+    cover (None for a chunk of special tokens only)."""
+
+    token_range: tuple[int, int]
+    char_range: Optional[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class LateChunkingMetadata:
+    """Where each chunk vector of a late-chunked request comes from (upstream 0.33's)."""
+
+    chunk_size: int
+    input_tokens: int
+    chunks: list[LateChunk]
+    strategy: str = "fixed_tokens"
+
+
 _O = TypeVar("_O")
 
 
@@ -57,8 +76,10 @@ class PoolingRequestOutput(Generic[_O]):
     """One finished request: its ids, prompt tokens, cache use and output."""
 
     def __init__(self, request_id: str, outputs: _O, prompt_token_ids: list[int],
-                 finished: bool = True, num_cached_tokens: int = 0) -> None:
+                 finished: bool = True, num_cached_tokens: int = 0,
+                 late_chunking: Optional[LateChunkingMetadata] = None) -> None:
         self.request_id = request_id
+        self.late_chunking = late_chunking
         self.outputs = outputs
         self.prompt_token_ids = prompt_token_ids
         self.finished = finished

@@ -1,6 +1,7 @@
 """Per-request pooling parameters, validated against the request's task."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
@@ -15,6 +16,30 @@ class ModelFacts(Protocol):
     is_multi_vector: bool
 
     def verify_dimensions(self, dimensions: int) -> None: ...
+
+
+@dataclass
+class LateChunkingParams:
+    """Late chunking (upstream 0.33): one mean vector per run of `chunk_size` tokens of the
+    contextual token vectors of a token_embed request (special tokens included)."""
+
+    chunk_size: int
+
+    def verify(self) -> None:
+        size = self.chunk_size
+        if type(size) is not int or not 0 < size < 2**63:
+            raise ValueError("late_chunking_params.chunk_size must be a positive integer "
+                             f"less than 2**63; got {size!r}.")
+
+    @classmethod
+    def of(cls, value: Any) -> "LateChunkingParams":
+        """`value` as LateChunkingParams: one already, or a {"chunk_size": N} mapping."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict) and set(value) == {"chunk_size"}:
+            return cls(value["chunk_size"])
+        raise ValueError("late_chunking_params takes {'chunk_size': N} (or a "
+                         f"LateChunkingParams); got {value!r}.")
 
 
 @dataclass
@@ -33,6 +58,7 @@ class PoolingParams:
     returned_token_ids: Optional[list[int]] = None
     use_activation: Optional[bool] = None
     task: Optional[str] = None
+    late_chunking_params: Optional[LateChunkingParams] = None
     extra_kwargs: dict = field(default_factory=dict)
     # set by a full `verify` (with the model): the front that built the request verified
     # it, so the engine does not run the checks again (clones keep it)
@@ -40,6 +66,7 @@ class PoolingParams:
 
     def clone(self) -> "PoolingParams":
         return PoolingParams(**{k: (list(v) if isinstance(v, list) else
+                                    dataclasses.replace(v) if dataclasses.is_dataclass(v) else
                                     dict(v) if isinstance(v, dict) else v)
                                 for k, v in self.__dict__.items()})
 
@@ -74,9 +101,23 @@ class PoolingParams:
             raise ValueError(
                 f"Task {task!r} does not accept {', '.join(wrong)}; the parameters it accepts "
                 f"are: {', '.join(allowed)}.")
+        if self.late_chunking_params is not None:
+            self._verify_late_chunking(task)
         if model_config is not None:
             self._fill_from_model(task, model_config)
             self.verified = True
+
+    def _verify_late_chunking(self, task: str) -> None:
+        """Late chunking: token_embed only, chunk_size checked, no `dimensions` (the chunk
+        vectors keep the model's width, as upstream)."""
+        self.late_chunking_params = LateChunkingParams.of(self.late_chunking_params)
+        self.late_chunking_params.verify()
+        if task != PoolingTask.TOKEN_EMBED:
+            raise ValueError("late_chunking_params applies to the token_embed task only; "
+                             f"this request runs {task!r}.")
+        if self.dimensions is not None:
+            raise ValueError("late_chunking_params does not take dimensions: chunk vectors "
+                             "keep the model's width.")
 
     def _fill_from_model(self, task: str, model_config: ModelFacts) -> None:
         pooler = model_config.pooler_config

@@ -67,6 +67,7 @@ TASKS: dict[PoolingTask, TaskSpec] = {
     # token tasks reach /pooling and LLM.encode as the engine's `encode_task` (config.tasks)
     PoolingTask.TOKEN_EMBED: TaskSpec(_EMBED_PARAMS, "normalize", engine_task=True,
                                       token_level=True, pooling="ALL",
+                                      routes=("/v1/embeddings",),  # as upstream 0.33
                                       llm_methods=("encode",)),
     PoolingTask.TOKEN_CLASSIFY: TaskSpec(_CLASSIFY_PARAMS, "activation", engine_task=True,
                                          token_level=True, pooling="ALL",

@@ -15,6 +15,7 @@ from vllm.engine.pooling_request import PoolingRequest
 from vllm.engine.processor import PromptType, TokenizedPrompt
 from vllm.transformers_utils.score_template import load_score_template
 from vllm.logger import init_logger
+from vllm.entrypoints import late_chunking
 from vllm.entrypoints.embed_options import Calibration, EmbedOptions
 from vllm.entrypoints.score_utils import cosine_score, maxsim, pair_texts
 from vllm.entrypoints.sparse import check_lexical, lexical_weights
@@ -104,12 +105,18 @@ class LLM:
         prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
         tokens = self.llm_engine.model_config.pooling_task == PoolingTask.TOKEN_EMBED
         task = PoolingTask.TOKEN_EMBED if tokens else PoolingTask.EMBED
+        pooling_params, plans = self._late_chunking(
+            prompt_list, task, pooling_params, truncate_prompt_tokens, padding,
+            prompt_applied=prompt_list != _as_list(prompts), precision=options.precision)
         outs = self._pool(prompt_list, task, pooling_params, use_tqdm,
                           truncate_prompt_tokens=truncate_prompt_tokens,
                           truncation_side=truncation_side,
                           prompt_len=processor.prompt_len(_as_list(prompts), prompt_name,
                                                           prompt),
                           lora=lora, padding=padding)
+        for o, plan in zip(outs, plans):
+            if plan is not None:
+                late_chunking.apply(o, plan, self.get_tokenizer())
         if options.precision != "float32":
             values = options.quantize([o.outputs.data for o in outs], self._calibration)
             for o, v in zip(outs, values):
@@ -175,6 +182,32 @@ class LLM:
                                       truncation_side, lora)
 
     # ----- internals -------------------------------------------------------------------
+    def _late_chunking(self, prompts: list, task: PoolingTask, params: Params,
+                       truncate: Optional[int], padding: Optional[str], *,
+                       prompt_applied: bool, precision: str) -> tuple[Params, list]:
+        """(the params to run, one LateChunkPlan or None per prompt): prompts whose params
+        ask for late chunking run unnormalised and are pooled per chunk afterwards."""
+        per_prompt = _per_prompt(params, PoolingParams, len(prompts), "pooling_params")
+        if all(p is None or p.late_chunking_params is None for p in per_prompt):
+            return params, [None] * len(prompts)
+        if precision != "float32":
+            raise ValueError("late_chunking_params returns float vectors; leave precision "
+                             "unset.")
+        mc = self.llm_engine.model_config
+        run, plans = [], []
+        for prompt, p in zip(prompts, per_prompt):
+            if p is None or p.late_chunking_params is None:
+                run.append(p)
+                plans.append(None)
+                continue
+            text, = late_chunking.check_inputs([prompt], truncate=truncate, padding=padding,
+                                               prompt_applied=prompt_applied)
+            engine_p, normalize = late_chunking.engine_params(p, task, mc)
+            run.append(engine_p)
+            plans.append(late_chunking.LateChunkPlan(
+                text, engine_p.late_chunking_params.chunk_size, normalize))
+        return run, plans
+
     def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None,
                           lora=None):
         """Cosine of the two embeddings; MaxSim of the token vectors for ColBERT."""

@@ -103,6 +103,14 @@ class EngineRequest(OpenAIBaseModel):
         return self
 
 
+class LateChunkingConfig(BaseModel):
+    """`late_chunking_params` (upstream 0.33): {"chunk_size": N}, N a positive integer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chunk_size: int = Field(gt=0, le=2**63 - 1, strict=True)
+
+
 class EmbeddingRequest(EngineRequest):
     """`input`, or upstream's chat-style `messages` (text and image_url content parts:
     one prompt, for multimodal models)."""
@@ -130,6 +138,8 @@ class EmbeddingRequest(EngineRequest):
     prompt: Optional[Text] = None
     # SPLADE models: {token_id: weight} of the non-zero weights instead of the full vector.
     sparse: bool = False
+    # token_embed engines: one mean vector per chunk of N tokens (upstream 0.33)
+    late_chunking_params: Optional[LateChunkingConfig] = None
 
     @model_validator(mode="after")
     def _input_or_messages(self) -> "EmbeddingRequest":
@@ -293,8 +303,33 @@ class EmbeddingResponseData(BaseModel):
     embedding: Union[list[float], str, dict[int, float]]
 
 
+class TokenEmbeddingData(BaseModel):
+    """A token_embed engine's answer on /v1/embeddings: one vector per token (upstream 0.33)."""
+
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[list[float]]
+
+
+class TokenEmbeddingResponse(_ListResponse):
+    data: list[TokenEmbeddingData]
+
+
+class LateChunkedEmbeddingData(BaseModel):
+    """One input's chunk vectors and where each chunk comes from."""
+
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[list[float]]
+    late_chunking: dict[str, Any]
+
+
 class EmbeddingResponse(_ListResponse):
     data: list[EmbeddingResponseData]
+
+
+class LateChunkedEmbeddingResponse(_ListResponse):
+    data: list[LateChunkedEmbeddingData]
 
 
 class PoolingResponseData(BaseModel):

@@ -12,6 +12,9 @@ from fastapi.responses import Response
 from vllm.entrypoints.openai.protocol import (ClassificationData, ClassificationRequest,
                                               ClassificationResponse, EmbeddingRequest,
                                               EmbeddingResponse, EmbeddingResponseData,
+                                              LateChunkedEmbeddingData,
+                                              LateChunkedEmbeddingResponse,
+                                              TokenEmbeddingData, TokenEmbeddingResponse,
                                               PoolingRequest, PoolingResponse,
                                               PoolingResponseData, UsageInfo)
 from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_json_value
@@ -19,6 +22,7 @@ from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,
                                                    list_response)
 from vllm.entrypoints.openai.serving_media import message_prompts
+from vllm.entrypoints import late_chunking
 from vllm.entrypoints.embed_options import CALIBRATED, Calibration, EmbedOptions, OptionError
 from vllm.entrypoints.sparse import check_lexical, lexical_weights
 from vllm.outputs import sparse_weights
@@ -121,7 +125,73 @@ class ServingPooling:
                               encoding_format=body.encoding_format,
                               embed_dtype=body.embed_dtype, endianness=body.endianness)
 
+    def _check_late_chunking(self, body: EmbeddingRequest) -> None:
+        """A 400 naming the field when late chunking cannot serve `body`: non-float
+        output, `dimensions`, truncation, padding, a prompt prefix, non-text inputs."""
+        if body.encoding_format != "float" or body.embed_dtype != "float32" or \
+                body.precision not in (None, "float32") or body.sparse:
+            field = "encoding_format" if body.encoding_format != "float" else \
+                "embed_dtype" if body.embed_dtype != "float32" else \
+                "precision" if body.precision not in (None, "float32") else "sparse"
+            raise bad_request("late_chunking_params returns float vectors: use "
+                              "encoding_format 'float' (no embed_dtype, precision or "
+                              "sparse).", field)
+        if body.dimensions is not None:
+            raise bad_request("late_chunking_params does not take dimensions: chunk "
+                              "vectors keep the model's width.", "dimensions")
+        if body.messages is not None:
+            raise bad_request("late_chunking_params requires plain-text `input`, not "
+                              "`messages`.", "messages")
+        try:
+            late_chunking.check_inputs(
+                self.ctx.input_prompts(body.input), truncate=body.truncate_prompt_tokens,
+                padding=body.padding,
+                prompt_applied=body.prompt_name is not None or body.prompt is not None)
+        except late_chunking.LateChunkingError as exc:
+            raise bad_request(str(exc), exc.param) from exc
+        if not body.add_special_tokens:
+            raise bad_request("late_chunking_params tokenizes the text with its special "
+                              "tokens; leave add_special_tokens true.", "add_special_tokens")
+
+    async def late_chunked(self, body: EmbeddingRequest, http: Request) -> Response:
+        """/v1/embeddings with late_chunking_params: the token_embed run of each text, its
+        token vectors pooled per chunk, with the chunk ranges."""
+        self._check_late_chunking(body)
+        ctx = self.ctx
+        model = ctx.check_model(body.model)
+        if ctx.task_for("/v1/embeddings") != PoolingTask.TOKEN_EMBED:
+            raise bad_request("late_chunking_params needs an engine running token_embed "
+                              "(--pooler-config '{\"task\": \"token_embed\"}').",
+                              "late_chunking_params")
+        size = body.late_chunking_params.chunk_size
+        wanted = ctx.make_params(PoolingTask.TOKEN_EMBED, normalize=body.normalize,
+                                 use_activation=body.use_activation)
+        params, normalize = wanted.clone(), bool(wanted.normalize)
+        params.normalize = False  # the chunk means are normalised, not the tokens
+        texts = ctx.input_prompts(body.input)
+        prompts = await ctx.tokenize(texts, None, True)
+        rid = ctx.response_id(http, "embd", body)
+        outputs = await ctx.run(http, prompts, params, rid,
+                                salt=getattr(body, "cache_salt", None))
+        tokenizer = ctx.engine.processor.tokenizer
+        try:
+            for o, text in zip(outputs, texts):
+                await ctx.engine.run_in_tokenizer_thread(
+                    late_chunking.apply, o, late_chunking.LateChunkPlan(text, size, normalize),
+                    tokenizer)
+        except late_chunking.LateChunkingError as exc:
+            raise bad_request(str(exc), exc.param) from exc
+        data = (LateChunkedEmbeddingData(index=i, embedding=o.outputs.data.tolist(),
+                                         late_chunking=late_chunking.metadata_json(
+                                             o.late_chunking))
+                for i, o in enumerate(outputs))
+        return list_response(LateChunkedEmbeddingResponse(
+            id=rid, model=model, data=[],
+            usage=UsageInfo.of(prompt_tokens(outputs))), data, len(outputs))
+
     async def embeddings(self, body: EmbeddingRequest, http: Request) -> Response:
+        if body.late_chunking_params is not None:
+            return await self.late_chunked(body, http)
         options = self._options(body)
         model, rid, outputs = await self.encode(
             http, "/v1/embeddings", body, "embd", dimensions=body.dimensions,
@@ -135,6 +205,11 @@ class ServingPooling:
                 data=[EmbeddingResponseData(index=i, embedding=sparse_weights(v))
                       for i, v in enumerate(values)]))
         floats = body.encoding_format == "float"
+        if floats and values and isinstance(values[0], torch.Tensor) and values[0].dim() == 2:
+            return list_response(TokenEmbeddingResponse(
+                id=rid, model=model, data=[], usage=UsageInfo.of(prompt_tokens(outputs))),
+                (TokenEmbeddingData(index=i, embedding=v.tolist())
+                 for i, v in enumerate(values)), len(values))
         data = (EmbeddingResponseData(index=i, embedding=as_list(v) if floats and isinstance(
             v, torch.Tensor) else to_json_value(v, body.encoding_format, body.embed_dtype,
                                                 body.endianness))
@@ -147,6 +222,9 @@ class ServingPooling:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
         if body.precision is not None or body.ranges is not None:
             raise bad_request("precision applies to /v1/embeddings only.", "precision")
+        if body.late_chunking_params is not None:
+            raise bad_request("late_chunking_params applies to /v1/embeddings only.",
+                              "late_chunking_params")
         mc = self.ctx.model_config
         if body.sparse:  # BGE-M3's lexical weights, {token_id: weight}
             try:
