@@ -19,15 +19,20 @@ STOP_GRACE_S = 5.0
 UNAUTHENTICATED_MESSAGE = "No valid auth token"
 
 
+def _maker(grpc: Any, client_streaming: bool, server_streaming: bool) -> Callable:
+    """grpc's method-handler factory for a method's streaming kind."""
+    return {(False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler}[
+        (client_streaming, server_streaming)]
+
+
 def _handler(grpc: Any, method: Any, behaviour: Callable, pb: Any) -> Any:
     """The grpc method handler of one descriptor method, streaming as the proto says."""
     request = getattr(pb, method.input_type.name)
     response = getattr(pb, method.output_type.name)
-    make = {(False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler}[
-        (method.client_streaming, method.server_streaming)]
+    make = _maker(grpc, method.client_streaming, method.server_streaming)
     return make(behaviour, request_deserializer=request.FromString,
                 response_serializer=response.SerializeToString)
 
@@ -62,11 +67,7 @@ def _auth_interceptor(grpc: Any, api_key: str) -> Any:
 def _refusal(grpc: Any, handler: Any) -> Any:
     async def refuse(request: Any, context: Any) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
-    make = {(False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler}[
-        (handler.request_streaming, handler.response_streaming)]
+    make = _maker(grpc, handler.request_streaming, handler.response_streaming)
     return make(refuse, request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
 
