@@ -14,13 +14,24 @@ peak is measured here (`torch._int_mm` on large square GEMMs, as bench_peak does
 float) and the int8 engine's projection work per second is put beside it (a lower bound on
 the projections' own rate: the whole run's time counts). Writes results/bench_int8.json.
 
-    python benchmarks/bench_int8.py [--texts 512] [--repeats 5]
+The int8 path is the one the engine chooses by the CPU's features (VNNI / AMX on oneDNN,
+else the C++ AVX2 kernel), printed with the figures. `--avx2` runs as on an AVX2-only CPU
+on any x86 CPU: a child process with oneDNN capped to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`, so
+float32 runs on AVX2 too), the kernel library's x86-64-v3 build (built with CMake under
+/tmp unless `--kernels-lib`) and `VLLM_CPU_INT8_PATH=avx2`; ONNX Runtime is left out there
+(it would use this CPU's VNNI). The int8 peak is then the AVX2 kernel's own on 2048^3.
+Writes results/bench_int8_avx2.json.
+
+    python benchmarks/bench_int8.py [--texts 512] [--repeats 5] [--avx2 [--kernels-lib SO]]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import subprocess
 import sys
+import tempfile
 
 import vllm  # noqa: F401  (before torch loads: vllm.platforms.process)
 import numpy as np
@@ -34,13 +45,41 @@ from onnx_baseline import CACHE, OnnxEmbedder, missing  # noqa: E402
 MAX_SEQ = 256
 
 
-def int8_peak_gops(size: int = 2048, repeats: int = 5) -> float:
-    """Best rate of torch._int_mm on [size]^3 int8 operands, in GOP/s (2 ops per MAC)."""
+def int8_peak_gops(path: str, size: int = 2048, repeats: int = 5) -> float:
+    """Best rate of the int8 GEMM `path` runs (torch._int_mm, or the AVX2 kernel) on
+    [size]^3 int8 operands, in GOP/s (2 ops per MAC)."""
+    from vllm._kernels.cpu_kernels import int8_gemm_avx2_kernel
+    from vllm.model_executor.layers.int8_linear import pack_avx2
     a = torch.randint(-127, 127, (size, size), dtype=torch.int8)
-    b = torch.randint(-127, 127, (size, size), dtype=torch.int8).t()
-    torch._int_mm(a, b)
-    best = min(interleave({"mm": lambda: torch._int_mm(a, b)}, repeats)["mm"])
+    b = torch.randint(-127, 127, (size, size), dtype=torch.int8)
+    if path == "AVX2":
+        kernel, packed, ones = int8_gemm_avx2_kernel(), pack_avx2(b), torch.ones(size)
+        mm = lambda: kernel(a, packed, size, ones, ones, None, 0)  # noqa: E731
+    else:
+        mm = lambda: torch._int_mm(a, b.t())  # noqa: E731
+    mm()
+    best = min(interleave({"mm": mm}, repeats)["mm"])
     return 2 * size ** 3 / best / 1e9
+
+
+def avx2_library() -> pathlib.Path:
+    """The kernel library built for x86-64-v3 (AVX2) with the project's CMakeLists.txt."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    where = pathlib.Path(tempfile.gettempdir()) / "vllm_bench_kernels_avx2"
+    for cmd in (["cmake", "-S", str(root), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release",
+                 "-DVLLM_CPU_ARCH=x86-64-v3"], ["cmake", "--build", str(where), "-j2"]):
+        subprocess.run(cmd, check=True, capture_output=True)
+    return where / "libvllm_cpu_kernels.so"
+
+
+def run_as_avx2(args: argparse.Namespace) -> None:
+    """This benchmark again in a child process set up as on an AVX2-only CPU."""
+    lib = args.kernels_lib or str(avx2_library())
+    argv = [a for a in sys.argv[1:] if a != "--avx2"]
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "VLLM_CPU_KERNELS_LIB": lib,
+           "VLLM_CPU_INT8_PATH": "avx2"}
+    sys.exit(subprocess.run([sys.executable, __file__, *argv, "--no-onnx", "--results-name",
+                             "bench_int8_avx2"], env=env).returncode)
 
 
 def onnx_int8(model_dir: pathlib.Path, threads: int) -> OnnxEmbedder:
@@ -74,14 +113,24 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=32, help="ONNX Runtime's batch")
+    ap.add_argument("--avx2", action="store_true", help="run as on an AVX2-only CPU (above)")
+    ap.add_argument("--kernels-lib", help="--avx2: this x86-64-v3 kernel build")
+    ap.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
+    ap.add_argument("--results-name", default="bench_int8", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.avx2:
+        return run_as_avx2(args)
+    out_name = args.results_name
     from transformers import AutoModel
     from vllm import LLM
     from vllm._kernels.cpu_kernels import cpu_flags
+    from vllm.platforms import current_platform
     from vllm.platforms.cpu import INT8_FLAGS
-    if not cpu_flags() & set(INT8_FLAGS):
-        print("skip: the CPU has no VNNI / AMX-INT8")
-        write_json("bench_int8", {"skipped": "no int8 dot products on this CPU"})
+    try:
+        path, why = current_platform.int8_path()
+    except ValueError as exc:
+        print(f"skip: {exc}")
+        write_json(out_name, {"skipped": str(exc)})
         return
     model_dir = minilm_dir()
     threads = torch.get_num_threads()
@@ -92,7 +141,9 @@ def main() -> None:
     encoders = {name: (lambda batch, llm=llm: np.array(
         [o.outputs.embedding for o in llm.embed(batch, use_tqdm=False)]))
         for name, llm in engines.items()}
-    if missing():
+    if args.no_onnx:
+        print("onnxruntime baselines left out (--no-onnx)")
+    elif missing():
         print(f"onnxruntime baselines skipped: no {missing()} (pip install -e .[bench])")
     else:
         for name, ort in (("onnxruntime float32", OnnxEmbedder(model_dir, MAX_SEQ, threads)),
@@ -115,7 +166,7 @@ def main() -> None:
     n_tok = sum(len(ids) for ids in tok(texts, truncation=True, max_length=MAX_SEQ)["input_ids"])
     bert = AutoModel.from_pretrained(str(model_dir))
     proj_ops = 2 * block_linear_params(bert.encoder) * n_tok
-    peak = int8_peak_gops()
+    peak = int8_peak_gops(path)
     rows = {}
     for name in encoders:
         sec = median(times[name])
@@ -128,7 +179,9 @@ def main() -> None:
         proj_ops / median(times["vllm int8"]) / 1e9
     print(f"CPU: {machine_info()['processor']}, {threads} threads; int8 flags: "
           f"{', '.join(INT8_FLAGS[f] for f in sorted(cpu_flags() & set(INT8_FLAGS)))}; "
-          f"int8 peak (torch._int_mm 2048^3) {peak:.0f} GOP/s")
+          f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}; int8 path "
+          f"{path} ({why}); int8 peak ({'AVX2 kernel' if path == 'AVX2' else 'torch._int_mm'}"
+          f" 2048^3) {peak:.0f} GOP/s")
     print(f"{len(texts)} texts, {n_tok} tokens, {args.repeats} interleaved repeats")
     print(f"{'encoder':<22} {'texts/s':>8} {'first pass':>11} {'min cos':>9} {'mean cos':>9} "
           f"{'sim. rank rho':>13}")
@@ -145,8 +198,10 @@ def main() -> None:
         line += (f"; vs onnxruntime int8 {q['texts_per_s'] / o['texts_per_s']:.2f}x "
                  f"(first pass {q['first_pass_texts_per_s'] / o['first_pass_texts_per_s']:.2f}x)")
     print(line)
-    write_json("bench_int8", {"machine": machine_info(), "texts": len(texts), "tokens": n_tok,
-                              "repeats": args.repeats, "int8_peak_gops": peak, "rows": rows})
+    write_json(out_name, {"machine": machine_info(), "texts": len(texts), "tokens": n_tok,
+                          "repeats": args.repeats, "int8_path": path, "int8_path_why": why,
+                          "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                          "int8_peak_gops": peak, "rows": rows})
 
 
 if __name__ == "__main__":

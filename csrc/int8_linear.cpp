@@ -6,9 +6,10 @@
 //   dequantize: out[r, c] = epilogue(acc[r, c] * row_scale[r] * col_scale[c] + bias[c])
 //
 // The weight is quantized per output channel at load (col_scale) in Python. Rounding is to
-// nearest even, as torch.round. Epilogues as skinny_gemm.cpp (epilogue.h). Plain C entry
+// nearest even, as torch.round. Epilogues as skinny_gemm.cpp (epilogue.h); the dequantizing
+// span is int8_dequantize.h's, shared with the AVX2 GEMM's fused end. Plain C entry
 // points on raw pointers, called through ctypes by vllm/model_executor/layers/int8_linear.py.
-#include "epilogue.h"
+#include "int8_dequantize.h"
 #include "simd.h"
 
 #include <omp.h>
@@ -53,27 +54,10 @@ int vllm_dequantize_rows(const int32_t* acc, int64_t m, int64_t n, const float* 
 #if !VLLM_SIMD_WIDTH
   return 1;
 #else
-  using simd::vf;
-  using namespace epilogue;
-  constexpr int W = simd::W;
 #pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
-  for (int64_t r = 0; r < m; ++r) {
-    const int32_t* ar = acc + r * n;
-    const float* orow = other ? other + r * other_row : nullptr;
-    float* dst = out + r * n;
-    const float rs = row_scales[r];
-    const vf vrs = simd::set1(rs);
-    int64_t c = 0;
-    for (; c + W <= n; c += W) {
-      vf v = simd::mul(simd::load_i32(ar + c), simd::mul(vrs, simd::load(col_scales + c)));
-      if (bias) v = simd::add(v, simd::load(bias + c));
-      simd::store(dst + c, vector_epilogue(v, mode, orow ? orow + c : nullptr));
-    }
-    for (; c < n; ++c) {
-      const float v = (float)ar[c] * (rs * col_scales[c]) + (bias ? bias[c] : 0.0f);
-      dst[c] = scalar_epilogue(v, mode, orow, (int)c);
-    }
-  }
+  for (int64_t r = 0; r < m; ++r)
+    int8_dequantize::span(acc + r * n, n, row_scales[r], col_scales, bias,
+                          other ? other + r * other_row : nullptr, mode, out + r * n);
   return 0;
 #endif
 }

@@ -1,7 +1,8 @@
 """quantization="int8": per-token activations x per-channel weights on torch._int_mm, with
 the C++ ends (csrc/int8_linear.cpp) equal to their torch form, every GEMM entry point exact
 against the same quantized values in float64, models within cosine 0.99 of float32, and a
-CPU without int8 dot products refused with a clear error."""
+CPU with neither int8 dot products nor AVX2 refused with a clear error (the AVX2 path:
+tests/test_int8_avx2.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -135,10 +136,11 @@ def test_causal_gated_model_int8(qwen3_cls_dir, shared_llm):
                                atol=1e-6)
 
 
-def test_int8_refused_without_int8_dot_products(minilm_dir, monkeypatch):
+def test_int8_refused_without_int8_dot_products_or_avx2(minilm_dir, monkeypatch):
     from vllm import LLM
-    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx2", "fma"})
-    with pytest.raises(ValueError, match="AVX512-VNNI, AVX-VNNI, AMX-INT8.*none of them"):
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"sse4_2"})
+    with pytest.raises(ValueError, match="AVX512-VNNI, AVX-VNNI, AMX-INT8.*or AVX2.*this CPU "
+                       "has none of the former.*this CPU has no AVX2"):
         LLM(minilm_dir, quantization="int8")
 
 
@@ -151,15 +153,20 @@ def _saturating_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return acc.to(torch.int32)
 
 
-def test_int8_refused_where_the_int8_gemm_is_not_exact(minilm_dir, monkeypatch):
+def test_int8_gemm_not_exact_falls_to_avx2(minilm_dir, monkeypatch):
     """A VNNI CPU whose oneDNN dispatches without VNNI (ONEDNN_MAX_CPU_ISA=AVX2) gave
-    saturated sums, so wrong int8 numbers: the self-check catches it and LLM refuses."""
+    saturated sums, so wrong int8 numbers: the self-check catches it, and the AVX2 kernel
+    (exact) runs instead; oneDNN forced (VLLM_CPU_INT8_PATH=onednn) is refused."""
     from vllm import LLM
+    from vllm.platforms import current_platform
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx2", "fma", "avx512_vnni"})
     monkeypatch.setattr(torch, "_int_mm", _saturating_int_mm)
     i8._int_mm_exact.cache_clear()
     try:
         assert not i8.int8_gemm_exact()
+        path, why = current_platform.int8_path()
+        assert path == "AVX2" and "saturates" in why
+        monkeypatch.setenv("VLLM_CPU_INT8_PATH", "onednn")
         with pytest.raises(ValueError, match="int8 GEMM is not exact.*ONEDNN_MAX_CPU_ISA"):
             LLM(minilm_dir, quantization="int8")
     finally:

@@ -72,6 +72,10 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_CPU_ONEDNN_LINEAR": EnvVar("1", _flag, "0: CPU projections use F.linear, not oneDNN."),
     "VLLM_CPU_SKINNY_GEMM": EnvVar("1", _flag, "0: float32 projections of at most 64 rows "
                                    "use oneDNN, not the C++ kernel that reads its packed weights."),
+    "VLLM_CPU_INT8_PATH": EnvVar("auto", lambda v: v.strip().lower() or "auto",
+                                 "quantization='int8' GEMM: auto (oneDNN on VNNI / AMX-INT8, "
+                                 "else the C++ AVX2 kernel), avx2 (force the AVX2 kernel) or "
+                                 "onednn (oneDNN only)."),
     "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
                                      "arenas alone."),
     "XDG_CACHE_HOME": EnvVar(None, _str, "Where VLLM_CPU_KERNELS_JIT builds the C++ kernels "
@@ -96,6 +100,10 @@ environment_variables: dict[str, EnvVar] = {
     "TRITON_INTERPRET": EnvVar("0", _flag, "Triton's own variable: 1 runs @triton.jit "
                                "kernels on CPU tensors in its interpreter (slow: tests). "
                                "vllm reads it to allow TRITON_ATTN on the CPU."),
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": EnvVar("grpc", lambda v: v.strip().lower() or "grpc",
+                                                 "OpenTelemetry's: how --otlp-traces-endpoint "
+                                                 "exports spans, grpc (default) or "
+                                                 "http/protobuf."),
     # ----- scale-out ---------------------------------------------------------------------
     "RAY_ADDRESS": EnvVar(None, _str, "Ray cluster for --data-parallel-backend ray when "
                           "--ray-address is not given (else a local cluster is started)."),

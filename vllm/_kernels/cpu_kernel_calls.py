@@ -119,6 +119,17 @@ def quantize_rows(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torc
     return q, scales
 
 
+def _check_epilogue(bias: Optional[torch.Tensor], other: Optional[torch.Tensor], m: int,
+                    n: int) -> None:
+    """The optional epilogue inputs of an [m, n] int32 GEMM result: bias [n], other [m, n]."""
+    if bias is not None:
+        _check(bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == n,
+               f"bias must be contiguous float32 [{n}]")
+    if other is not None:
+        _check(other.dtype == torch.float32 and other.shape == (m, n) and other.stride(1) == 1,
+               f"other must be float32 [{m}, {n}] with unit column stride")
+
+
 def dequantize_rows(lib: ctypes.CDLL, acc: torch.Tensor, row_scales: torch.Tensor,
                     col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
                     other: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -127,16 +138,39 @@ def dequantize_rows(lib: ctypes.CDLL, acc: torch.Tensor, row_scales: torch.Tenso
     m, n = acc.shape
     _check(acc.dtype == torch.int32 and acc.is_contiguous(), "acc must be contiguous int32")
     _check(row_scales.numel() == m and col_scales.numel() == n, "scales do not fit acc")
-    if bias is not None:
-        _check(bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == n,
-               f"bias must be contiguous float32 [{n}]")
-    if other is not None:
-        _check(other.dtype == torch.float32 and other.shape == (m, n) and other.stride(1) == 1,
-               f"other must be float32 [{m}, {n}] with unit column stride")
+    _check_epilogue(bias, other, m, n)
     out = torch.empty((m, n), dtype=torch.float32)
     _check(lib.vllm_dequantize_rows(
         acc.data_ptr(), m, n, row_scales.data_ptr(), col_scales.data_ptr(),
         0 if bias is None else bias.data_ptr(), 0 if other is None else other.data_ptr(),
         0 if other is None else other.stride(0), mode, out.data_ptr(),
         torch.get_num_threads()) == 0, "dequantize_rows: the kernel library has no SIMD build")
+    return out
+
+
+def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
+                   row_scales: torch.Tensor, col_scales: torch.Tensor,
+                   bias: Optional[torch.Tensor], mode: int,
+                   other: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q [M, K] int8 (unit column stride) x the AVX2-packed int8 weight of n output columns
+    (csrc/int8_gemm_avx2.cpp: [ceil(n / 16), ceil(K / 4), 16, 4]), exact int32 sums turned
+    back to float in the same pass as `dequantize_rows` does: float32 [M, n]."""
+    _check(q.dtype == torch.int8 and q.dim() == 2 and q.stride(1) == 1,
+           f"q must be int8 [M, K] with unit column stride; got {q.dtype} {tuple(q.shape)}")
+    m, k = q.shape
+    block = lib.vllm_int8_gemm_avx2_block()
+    shape = (-(-n // block), -(-k // 4), block, 4)
+    _check(packed.dtype == torch.int8 and tuple(packed.shape) == shape and
+           packed.is_contiguous(), f"packed must be contiguous int8 {shape}")
+    _check(row_scales.dtype == col_scales.dtype == torch.float32 and row_scales.numel() == m
+           and col_scales.numel() == n and row_scales.is_contiguous() and
+           col_scales.is_contiguous(), f"scales must be contiguous float32 [{m}] and [{n}]")
+    _check_epilogue(bias, other, m, n)
+    out = torch.empty((m, n), dtype=torch.float32)
+    _check(lib.vllm_int8_gemm_avx2(
+        q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
+        col_scales.data_ptr(), 0 if bias is None else bias.data_ptr(),
+        0 if other is None else other.data_ptr(), 0 if other is None else other.stride(0),
+        mode, out.data_ptr(), torch.get_num_threads()) == 0,
+        "int8_gemm_avx2: the kernel library was built without AVX2")
     return out

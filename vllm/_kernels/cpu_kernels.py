@@ -136,6 +136,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vllm_dequantize_rows.restype = ctypes.c_int
     lib.vllm_dequantize_rows.argtypes = ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64,
                                           ctypes.c_int, _PTR, ctypes.c_int])
+    if hasattr(lib, "vllm_int8_gemm_avx2"):  # absent from libraries built before it
+        lib.vllm_int8_gemm_avx2_built.restype = ctypes.c_int
+        lib.vllm_int8_gemm_avx2_block.restype = ctypes.c_int
+        lib.vllm_int8_gemm_avx2.restype = ctypes.c_int
+        lib.vllm_int8_gemm_avx2.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] +
+                                            [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
+                                                          ctypes.c_int])
     return lib
 
 
@@ -201,6 +208,30 @@ def int8_kernels() -> Optional[tuple[Callable, Callable]]:
     _status["int8"] = _status["library"]
     from vllm._kernels.cpu_kernel_calls import dequantize_rows, quantize_rows
     return functools.partial(quantize_rows, lib), functools.partial(dequantize_rows, lib)
+
+
+def int8_gemm_avx2_kernel() -> Optional[Callable]:
+    """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None) -> float32 [M, n]`:
+    the exact s8 x s8 GEMM for CPUs with AVX2 and no int8 dot products, dequantized as
+    `dequantize_rows` in the same pass (csrc/int8_gemm_avx2.cpp; `f.block`: the packed
+    weight's block of columns), or None where the library, its AVX2 build or this CPU's
+    AVX2 is missing."""
+    lib = library()
+    if lib is None:
+        _status["int8_gemm_avx2"] = _status["library"]
+        return None
+    if not hasattr(lib, "vllm_int8_gemm_avx2") or not lib.vllm_int8_gemm_avx2_built():
+        _status["int8_gemm_avx2"] = "unavailable (the library was built without it: " \
+            "no AVX2, or before it existed)"
+        return None
+    if not ISA_FLAGS["avx2"] <= cpu_flags():
+        _status["int8_gemm_avx2"] = "unavailable (this CPU has no AVX2)"
+        return None
+    _status["int8_gemm_avx2"] = _status["library"]
+    from vllm._kernels.cpu_kernel_calls import int8_gemm_avx2
+    kernel = functools.partial(int8_gemm_avx2, lib)
+    kernel.block = lib.vllm_int8_gemm_avx2_block()
+    return kernel
 
 
 def kernel_isa() -> Optional[str]:

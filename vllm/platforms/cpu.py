@@ -29,7 +29,8 @@ from vllm.platforms.process import SHAPE_CACHE_ENVS
 logger = init_logger(__name__)
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-# /proc/cpuinfo flag -> name, for the CPUs `quantization="int8"` runs on
+# /proc/cpuinfo flag -> name: the int8 dot products `quantization="int8"` runs on oneDNN
+# with (int8_linear.DOT_FLAGS; other AVX2 CPUs run its C++ AVX2 kernel)
 INT8_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX-INT8"}
 
 
@@ -127,33 +128,37 @@ class CpuPlatform(Platform):
         return "onednn" if envs.VLLM_CPU_ONEDNN_LINEAR and onednn_linear_ok(dtype) else "torch"
 
     def check_quantization(self, method: str) -> None:
-        """int8 needs int8 dot products in hardware (VNNI or AMX-INT8): without them an int8
-        GEMM is slower than float32, so it is refused rather than run."""
-        from vllm._kernels.cpu_kernels import cpu_flags
-        from vllm.model_executor.layers.int8_linear import int8_gemm_exact
-        have = cpu_flags() & set(INT8_FLAGS)
-        if not have:
-            raise ValueError(
-                f"quantization={method!r} needs a CPU with int8 dot-product instructions "
-                f"({', '.join(INT8_FLAGS.values())}); this CPU has none of them. Leave "
-                "quantization unset to run float32.")
-        if not int8_gemm_exact():
-            raise ValueError(
-                f"quantization={method!r}: torch's oneDNN int8 GEMM is not exact in this "
-                "process (it saturates: oneDNN runs without int8 dot products, e.g. under "
-                "ONEDNN_MAX_CPU_ISA). Unset ONEDNN_MAX_CPU_ISA or leave quantization unset "
-                "to run float32.")
+        """int8 runs where the CPU has int8 dot products (VNNI or AMX-INT8: oneDNN's GEMM)
+        or AVX2 (the C++ kernel); elsewhere it is refused rather than run slower than
+        float32 (`int8_linear.choose_path` raises, saying why)."""
+        self.int8_path()
+
+    def int8_path(self) -> tuple[str, str]:
+        """(path, why) `quantization="int8"` runs on here: "AMX", "VNNI" or "AVX2"
+        (`int8_linear.choose_path`; VLLM_CPU_INT8_PATH forces one). Raises ValueError."""
+        from vllm._kernels.cpu_kernels import (cpu_flags, int8_gemm_avx2_kernel,
+                                               kernel_status)
+        from vllm.model_executor.layers.int8_linear import choose_path, int8_gemm_exact
+
+        def avx2_missing() -> Optional[str]:
+            return None if int8_gemm_avx2_kernel() is not None else \
+                kernel_status("int8_gemm_avx2")
+        return choose_path(cpu_flags(), envs.VLLM_CPU_INT8_PATH, int8_gemm_exact,
+                           avx2_missing)
 
     def int8_gemm(self):
-        from vllm._kernels.cpu_kernels import cpu_flags, int8_kernels, \
+        """The int8 GEMM of the path `int8_path` chooses, logged in one INFO line."""
+        from vllm._kernels.cpu_kernels import int8_gemm_avx2_kernel, int8_kernels, \
             kernel_status
-        from vllm.model_executor.layers.int8_linear import Int8Gemm
+        from vllm.model_executor.layers.int8_linear import Avx2Int8Gemm, Int8Gemm
+        path, why = self.int8_path()
         kernels = int8_kernels()
-        logger.info("int8 projections: oneDNN int8 GEMM (%s), per-token quantization %s",
-                    ", ".join(INT8_FLAGS[f] for f in sorted(cpu_flags() & set(INT8_FLAGS))),
+        logger.info("int8 projections: %s path (%s), per-token quantization %s", path, why,
                     "in C++" if kernels else f"in torch ops (C++ kernel "
                     f"{kernel_status('int8')})")
-        return Int8Gemm(kernels)
+        if path == "AVX2":
+            return Avx2Int8Gemm(kernels, int8_gemm_avx2_kernel())
+        return Int8Gemm(kernels, path)
 
     def skinny_gemm(self, dtype: torch.dtype) -> Optional[Callable]:
         """float32 on oneDNN: the C++ few-row kernel over oneDNN's packed weights, where it

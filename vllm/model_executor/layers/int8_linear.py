@@ -9,6 +9,13 @@ result back to float with the row and column scales, the bias and the epilogue (
 residual add, multiply: `dequantize_rows`). Both ends are C++ (csrc/int8_linear.cpp); where
 the library is missing, torch ops compute the same thing, slower.
 
+Three paths, chosen at start-up by the CPU's features (`choose_path`, logged by the platform):
+AMX and VNNI run the GEMM on oneDNN (`torch._int_mm`); AVX2 (no int8 dot products, e.g.
+AMD Zen 2 / 3), where oneDNN's int8 GEMM saturates, runs it on csrc/int8_gemm_avx2.cpp
+(`vpmaddubsw` on |x| and sign(x) w, then `vpmaddwd`: exact int32 sums) over weights packed
+for it at load (`pack_avx2`), with the dequantizing end fused into the same pass (the same
+C++ formula as `dequantize_rows`), so its outputs are the VNNI path's bit for bit.
+
 Only the backbone's `Linear` layers run in int8 (the model loader binds them); embeddings,
 norms, attention (QK^T, softmax, PV), the pooler and every task head stay float: they are
 a small share of the FLOPs, and the heads sit where an error is not averaged away.
@@ -41,6 +48,61 @@ def quantize_weight(weight: torch.Tensor) -> Int8Weight:
     scale = w.abs().amax(dim=1) / 127.0
     q = torch.round(w / scale.clamp_min(1e-30)[:, None]).clamp_(-127, 127).to(torch.int8)
     return Int8Weight(q.contiguous(), scale.contiguous())
+
+
+class Avx2Weight(NamedTuple):
+    """An int8 weight in the AVX2 kernel's layout (`pack_avx2`)."""
+    packed: torch.Tensor  # [ceil(N / 16), ceil(K / 4), 16, 4] int8
+    scale: torch.Tensor   # [N] float32
+
+
+def pack_avx2(q: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """q [N, K] int8 in [-127, 127] as csrc/int8_gemm_avx2.cpp reads it: blocks of `block`
+    output columns, each [ceil(K / 4)][block][4] (4 consecutive k of a column side by side),
+    columns past N and k past K zero."""
+    n, k = q.shape
+    n_pad, k_pad = -(-n // block) * block, -(-k // 4) * 4
+    padded = torch.zeros((n_pad, k_pad), dtype=torch.int8)
+    padded[:n, :k] = q
+    return padded.view(n_pad // block, block, k_pad // 4, 4).permute(0, 2, 1, 3).contiguous()
+
+
+# /proc/cpuinfo flag -> name: the int8 dot products oneDNN's int8 GEMM needs to be exact
+DOT_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX-INT8"}
+PATH_CHOICES = ("auto", "avx2", "onednn")  # VLLM_CPU_INT8_PATH
+
+
+def choose_path(flags: set[str], forced: str, onednn_exact: Callable[[], bool],
+                avx2_missing: Callable[[], Optional[str]]) -> tuple[str, str]:
+    """(path, why): "AMX" or "VNNI" (oneDNN's GEMM, where the CPU has int8 dot products and
+    `torch._int_mm` is exact), else "AVX2" (the C++ kernel; `avx2_missing()`: why it cannot
+    run, or None). `forced`: one of PATH_CHOICES. Raises ValueError where no path can run."""
+    dot = sorted(DOT_FLAGS[f] for f in flags & set(DOT_FLAGS))
+    onednn = "AMX" if "amx_int8" in flags else "VNNI"
+    if forced not in PATH_CHOICES:
+        raise ValueError(f"VLLM_CPU_INT8_PATH={forced!r}: use one of {PATH_CHOICES}")
+    if forced != "avx2":
+        if dot and onednn_exact():
+            return onednn, f"oneDNN int8 GEMM on {', '.join(dot)}"
+        if forced == "onednn":
+            raise ValueError(
+                "VLLM_CPU_INT8_PATH=onednn: oneDNN's int8 GEMM needs int8 dot products "
+                f"({', '.join(DOT_FLAGS.values())}); " + (
+                    "this CPU has none of them" if not dot else "torch's oneDNN int8 GEMM is "
+                    "not exact in this process (it saturates: oneDNN runs without int8 dot "
+                    "products, e.g. under ONEDNN_MAX_CPU_ISA)") + ". Unset it to choose a "
+                "path by the CPU's features.")
+    why = "forced by VLLM_CPU_INT8_PATH=avx2" if forced == "avx2" else \
+        "no int8 dot products on this CPU" if not dot else \
+        "oneDNN's int8 GEMM saturates in this process (ONEDNN_MAX_CPU_ISA)"
+    missing = avx2_missing()
+    if missing is not None:
+        raise ValueError(
+            "quantization='int8' needs int8 dot products "
+            f"({', '.join(DOT_FLAGS.values())}) or AVX2 with the C++ kernels; "
+            f"{'this CPU has none of the former' if not dot else why} and the AVX2 kernel "
+            f"is {missing}. Leave quantization unset to run float32.")
+    return "AVX2", f"C++ vpmaddubsw + vpmaddwd kernel, exact int32 sums; {why}"
 
 
 def int8_gemm_exact() -> bool:
@@ -86,24 +148,31 @@ def _dequantize_torch(acc, row_scales, col_scales, bias, mode: int, other=None):
 
 class Int8Gemm:
     """The GEMM interface of `layers.linear` (`linear`, `linear_add`, `linear_mul`, `gated`,
-    `pack`) on int8 weights; `kernels`: `cpu_kernels.int8_kernels()` or None (torch ops)."""
+    `pack`) on int8 weights; `kernels`: `cpu_kernels.int8_kernels()` or None (torch ops).
+    The int8 GEMM itself: oneDNN's (`torch._int_mm`), exact where the CPU has int8 dot
+    products (path "VNNI" or "AMX")."""
 
     name = "int8"
 
-    def __init__(self, kernels: Optional[tuple[Callable, Callable]]) -> None:
+    def __init__(self, kernels: Optional[tuple[Callable, Callable]],
+                 path: str = "VNNI") -> None:
         self.quantize, self.dequantize = kernels or (_quantize_torch, _dequantize_torch)
+        self.path = path
 
     pack = staticmethod(quantize_weight)
+
+    def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Int8Weight, b, mode: int,
+                 other: Optional[torch.Tensor]) -> torch.Tensor:
+        """The int8 GEMM of quantized rows, back to float with the epilogue `mode`."""
+        return self.dequantize(torch._int_mm(q, w.q.t()), scales, w.scale, b, mode, other)
 
     def _run(self, x: torch.Tensor, w: Int8Weight, b, mode: Optional[str], other=None,
              quantized=None) -> torch.Tensor:
         lead, rows = x.shape[:-1], _rows(x)
         if rows.shape[0] == 0:
-            return x.new_empty(*lead, w.q.shape[0])
+            return x.new_empty(*lead, w.scale.shape[0])
         q, scales = quantized if quantized is not None else self.quantize(rows)
-        acc = torch._int_mm(q, w.q.t())
-        y = self.dequantize(acc, scales, w.scale, b, MODES[mode],
-                            None if other is None else _rows(other))
+        y = self._project(q, scales, w, b, MODES[mode], None if other is None else _rows(other))
         return y.view(*lead, y.shape[-1])
 
     def _act(self, x, w: Int8Weight, b, activation: Optional[str], quantized=None):
@@ -127,6 +196,26 @@ class Int8Gemm:
         quantized = self.quantize(rows) if rows.shape[0] else None
         return self._run(x, up, None, "mul", self._act(x, gate, None, activation, quantized),
                          quantized=quantized)
+
+
+class Avx2Int8Gemm(Int8Gemm):
+    """Int8Gemm with the GEMM on csrc/int8_gemm_avx2.cpp (`gemm`:
+    `cpu_kernels.int8_gemm_avx2_kernel()`), for CPUs without int8 dot products: the same
+    quantization, int32 sums and dequantization as the oneDNN path, so the same outputs."""
+
+    def __init__(self, kernels: Optional[tuple[Callable, Callable]], gemm: Callable) -> None:
+        super().__init__(kernels, "AVX2")
+        self.gemm = gemm
+
+    def pack(self, weight: torch.Tensor) -> Avx2Weight:
+        w = quantize_weight(weight)
+        return Avx2Weight(pack_avx2(w.q, self.gemm.block), w.scale)
+
+    def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
+                 other: Optional[torch.Tensor]) -> torch.Tensor:
+        """The GEMM and the dequantizing end in one kernel pass (no int32 [M, N] in memory):
+        the floats of `dequantize_rows`."""
+        return self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

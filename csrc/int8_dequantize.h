@@ -1,0 +1,37 @@
+// The float end of every int8 GEMM: out[c] = epilogue(acc[c] * row_scale * col_scale[c] +
+// bias[c]) over a span of a row. One definition for the separate pass after oneDNN's GEMM
+// (int8_linear.cpp) and the AVX2 GEMM's fused one (int8_gemm_avx2.cpp), so both paths give
+// the same floats: a column takes the vector form where a whole vector of the row holds it,
+// else the scalar one, in both (the AVX2 kernel's 16-column blocks are whole vectors).
+#pragma once
+
+#include "epilogue.h"
+#include "simd.h"
+
+#include <cstdint>
+
+#if VLLM_SIMD_WIDTH
+namespace int8_dequantize {
+
+// acc, col_scales, bias (or null), other (or null: modes 1, 2 only) and dst all point at the
+// span's first column; n: the span's columns, up to the row's end.
+inline void span(const int32_t* acc, int64_t n, float row_scale, const float* col_scales,
+                 const float* bias, const float* other, int mode, float* dst) {
+  using simd::vf;
+  using namespace epilogue;
+  constexpr int W = simd::W;
+  const vf vrs = simd::set1(row_scale);
+  int64_t c = 0;
+  for (; c + W <= n; c += W) {
+    vf v = simd::mul(simd::load_i32(acc + c), simd::mul(vrs, simd::load(col_scales + c)));
+    if (bias) v = simd::add(v, simd::load(bias + c));
+    simd::store(dst + c, vector_epilogue(v, mode, other ? other + c : nullptr));
+  }
+  for (; c < n; ++c) {
+    const float v = (float)acc[c] * (row_scale * col_scales[c]) + (bias ? bias[c] : 0.0f);
+    dst[c] = scalar_epilogue(v, mode, other, (int)c);
+  }
+}
+
+}  // namespace int8_dequantize
+#endif
