@@ -149,7 +149,7 @@ def test_encoder_mean_embeddings_equal_transformers(name, whole, request, vllm_l
     """DistilBERT takes the engine's attention (bidirectional, no cache); MPNet's relative
     position bias cannot, so it runs each request whole, with one WARNING."""
     path = request.getfixturevalue(name)
-    llm = LLM(path, dtype="float32")
+    llm = LLM(path, dtype="float32", model_impl="transformers")
     cfg = llm.llm_engine.vllm_config
     assert cfg.model_config.whole_sequences is whole
     assert not cfg.cache_config.enable_prefix_caching
@@ -167,7 +167,7 @@ def test_encoder_mean_embeddings_equal_transformers(name, whole, request, vllm_l
 
 def test_whole_sequence_model_refuses_nothing_silently(mpnet_dir, vllm_log):
     """Asking for prefix caching on a whole-sequence backend model turns it off, loudly."""
-    llm = LLM(mpnet_dir, dtype="float32", enable_prefix_caching=True)
+    llm = LLM(mpnet_dir, dtype="float32", model_impl="transformers", enable_prefix_caching=True)
     assert not llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
     assert any("Prefix caching" in r.getMessage() and r.levelname == "WARNING"
                for r in vllm_log.records)

@@ -95,7 +95,7 @@ def test_encoder_classifier_equals_transformers(name, encoder_dirs, vllm_log):
     *ForSequenceClassification through sigmoid (one label) / softmax; one-label models
     score pairs (segment ids included where the family takes them)."""
     path = encoder_dirs[name]
-    llm = LLM(path, dtype="float32")
+    llm = LLM(path, dtype="float32", model_impl="transformers")
     mc = llm.llm_engine.vllm_config.model_config
     assert mc.impl == "transformers" and mc.pooler_config.pooling_type == "CLS"
     assert not llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
@@ -318,7 +318,7 @@ def test_whole_sequence_step_runs_as_one_padded_batch(encoder_dirs, monkeypatch)
     """MPNet (attention that cannot be routed) runs a step's requests as one right-padded
     batch with an attention mask, equal to each request run alone."""
     path = encoder_dirs["mpnet"]
-    llm = LLM(path, dtype="float32")
+    llm = LLM(path, dtype="float32", model_impl="transformers")
     hf = llm.llm_engine.runner.model.model.hf
     shapes = []
     original = hf.forward

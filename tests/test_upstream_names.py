@@ -185,8 +185,11 @@ def test_the_lists_are_upstreams():
 
 def test_every_upstream_pooling_name_resolves_or_says_why():
     impls, kinds = _tally(POOLING_NAMES)
-    assert impls == {"vllm": 33, "transformers": 10, "refused": 30}
-    assert kinds == {"no-class": 23, "bidirectional-variant": 4, "no-pooling-class": 2,
+    # Native since issue 36: BertForMaskedLM, RobertaForMaskedLM, NomicBertModel, GteModel
+    # (were on the Transformers backend), GteNewModel, GteNewForSequenceClassification (no
+    # class) and LlamaBidirectionalModel / ...ForSequenceClassification (bidirectional).
+    assert impls == {"vllm": 41, "transformers": 6, "refused": 26}
+    assert kinds == {"no-class": 21, "bidirectional-variant": 2, "no-pooling-class": 2,
                      "multimodal": 1}
 
 
@@ -203,10 +206,19 @@ def test_every_upstream_generation_name_converts_or_says_why(convert):
     ("Qwen2ForProcessRewardModel", ("vllm", "reward")),
     ("Phi3ForCausalLM", ("transformers", "embed")),
     ("GPT2ForSequenceClassification", ("transformers", "classify")),
-    ("NomicBertModel", ("transformers", "embed")),
+    ("NomicBertModel", ("vllm", "embed")),
+    ("BertForMaskedLM", ("vllm", "embed")),            # as upstream, an embedding model
+    ("RobertaForMaskedLM", ("vllm", "embed")),
+    ("MPNetModel", ("vllm", "embed")),                 # upstream serves no MPNet
+    ("MPNetForSequenceClassification", ("vllm", "classify")),
+    ("LlamaBidirectionalModel", ("vllm", "embed")),    # llama-nemotron-embed
+    ("LlamaBidirectionalForSequenceClassification", ("vllm", "classify")),
     ("Gemma3ForConditionalGeneration", ("transformers", "embed")),  # text only, verified
-    ("GteNewModel", ("refused", "no-class")),           # its code ships with the checkpoint
-    ("LlamaBidirectionalModel", ("refused", "bidirectional-variant")),
+    ("GteNewModel", ("vllm", "embed")),
+    ("GteModel", ("vllm", "embed")),                   # arctic-embed-m-v2.0, GTE's code
+    ("GteNewForSequenceClassification", ("vllm", "classify")),
+    ("JinaEmbeddingsV5Model", ("refused", "no-class")),  # its code ships with the checkpoint
+    ("Lfm2BidirectionalModel", ("refused", "bidirectional-variant")),
     ("PaliGemmaForConditionalGeneration", ("refused", "multimodal")),  # a prefix-LM
     ("WhisperForConditionalGeneration", ("refused", "encoder-decoder")),
     ("ColPaliForRetrieval", ("refused", "no-pooling-class")),
@@ -223,6 +235,6 @@ def test_a_converted_causal_lm_takes_every_task_head():
 
 def test_the_refusal_message_points_at_a_way_out():
     with pytest.raises(ValueError, match=r"trust_remote_code.*hf_overrides"):
-        resolve_model_impl("GteNewModel", "auto", None)
+        resolve_model_impl("JinaEmbeddingsV5Model", "auto", None)
     with pytest.raises(ValueError, match=r"'is_causal': False.*pooling"):
-        resolve_model_impl("LlamaBidirectionalModel", "auto", None)
+        resolve_model_impl("Lfm2BidirectionalModel", "auto", None)

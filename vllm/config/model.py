@@ -33,6 +33,13 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
 
 
 
+# The config fields that state a position limit, in upstream's order; the smallest stated
+# one holds (GPT-2-style configs such as NomicBertConfig say n_positions).
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                  "model_max_length", "max_target_positions", "max_sequence_length",
+                  "max_seq_length", "seq_len")
+
+
 @dataclass
 class ModelConfig(ModelTasks):
     """User-facing model settings plus everything resolved from the checkpoint at start-up."""
@@ -184,10 +191,14 @@ class ModelConfig(ModelTasks):
         if cfg.pooling_type is None and st is not None and st.pooling_type is not None:
             cfg.pooling_type = st.pooling_type
             sources.append("pooling_type from the sentence-transformers Pooling config")
-        if cfg.pooling_type is None and self.convert == "classify" and \
-                not self.is_token_classifier and config_pooling_type(self.hf_config) is not None:
-            cfg.pooling_type = config_pooling_type(self.hf_config)
-            sources.append("pooling_type from the config's classifier_pooling")
+        # a bidirectional Llama's `pooling` holds for every task; `classifier_pooling` for
+        # the classifier head only
+        fixed = config_pooling_type(self.hf_config)
+        if cfg.pooling_type is None and fixed is not None and (
+                "Bidirectional" in self.arch.architecture
+                or (self.convert == "classify" and not self.is_token_classifier)):
+            cfg.pooling_type = fixed
+            sources.append("pooling_type from the config's pooling field")
         if cfg.pooling_type is None:
             cfg.pooling_type = self.arch.default_pooling_type
             sources.append(f"pooling_type from the class default of {self.arch.architecture}")
@@ -240,9 +251,13 @@ class ModelConfig(ModelTasks):
     def _position_limit(self) -> int:
         # a dual encoder's text tower holds the text positions (CLIP, SigLIP)
         text = getattr(self.hf_config, "text_config", None) if self.is_multimodal else None
-        limit = getattr(text or self.hf_config, "max_position_embeddings", None) or 512
+        stated = [getattr(text or self.hf_config, key, None) for key in _POSITION_KEYS]
+        limit = min((int(v) for v in stated if isinstance(v, (int, float)) and v > 0),
+                    default=512)
         if self.hf_config.model_type in ("roberta", "xlm-roberta"):
             limit -= roberta_position_offset(self.hf_config)
+        elif self.hf_config.model_type == "mpnet":  # numbered from padding_idx 1 + 1, always
+            limit -= 2
         return int(limit)
 
     def _resolve_max_model_len(self) -> int:

@@ -8,6 +8,9 @@ from typing import Any, Optional
 from transformers import AutoConfig, PretrainedConfig
 
 from vllm import envs
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 def resolve_model_path(model: str, revision: Optional[str] = None) -> Path:
@@ -30,9 +33,27 @@ def resolve_model_path(model: str, revision: Optional[str] = None) -> Path:
             f"{type(exc).__name__}). Pass a local path or download the model first.") from None
 
 
+# How transformers says it does not know a config.json's model_type (with and without an
+# auto_map naming remote code).
+_REMOTE_MODEL_TYPE = ("trust_remote_code", "does not recognize this architecture")
+
+
 def load_hf_config(path: Path, hf_overrides: Optional[dict[str, Any]] = None) -> PretrainedConfig:
-    """Read config.json with transformers and apply `hf_overrides` attribute by attribute."""
-    config = AutoConfig.from_pretrained(str(path))
+    """Read config.json with transformers and apply `hf_overrides` attribute by attribute.
+
+    A `model_type` transformers does not know (the checkpoint's configuration code ships
+    with it or with another repository, e.g. gte-multilingual's `new`) is read as a plain
+    `PretrainedConfig` of config.json's keys: no remote code runs, and the native
+    implementation named by `architectures` (or `hf_overrides`) reads the keys it needs."""
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except ValueError as exc:
+        raw = read_json(path / "config.json")
+        if raw is None or not any(why in str(exc) for why in _REMOTE_MODEL_TYPE):
+            raise
+        logger.info("config.json's model_type %r is not in transformers (its code is remote); "
+                    "read as a plain config of its keys.", raw.get("model_type"))
+        config = PretrainedConfig.from_dict(raw)
     for key, value in (hf_overrides or {}).items():
         setattr(config, key, value)
     if not getattr(config, "architectures", None):

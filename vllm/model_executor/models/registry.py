@@ -38,6 +38,13 @@ _REGISTRY: dict[str, ModelEntry] = {
     "ModernBertForSequenceClassification":
         ModelEntry("modernbert", "ModernBertForSequenceClassification", "CLS", "classify",
                    False),
+    # Rotary encoders whose code ships with the checkpoint (nomic-embed-text, GTE "new",
+    # snowflake-arctic-embed-m-v2.0 = GteModel); CLS unless sentence-transformers says else.
+    "NomicBertModel": ModelEntry("nomic_bert", "NomicBertModel", "CLS", "embed", False),
+    "GteModel": ModelEntry("gte", "GteNewModel", "CLS", "embed", False),
+    "GteNewModel": ModelEntry("gte", "GteNewModel", "CLS", "embed", False),
+    "GteNewForSequenceClassification":
+        ModelEntry("gte", "GteNewForSequenceClassification", "CLS", "classify", False),
     "DebertaV2Model": ModelEntry("deberta_v2", "DebertaV2Model", "CLS", "embed", False),
     "DebertaV2ForSequenceClassification":
         ModelEntry("deberta_v2", "DebertaV2ForSequenceClassification", "CLS", "classify",
@@ -50,6 +57,20 @@ _REGISTRY: dict[str, ModelEntry] = {
         ModelEntry("roberta", "RobertaForTokenClassification", "ALL", "classify", False),
     "ModernBertForTokenClassification":
         ModelEntry("modernbert", "ModernBertForTokenClassification", "ALL", "classify",
+                   False),
+    # Masked-LM checkpoints served as embedders, as upstream (BERT's MLM head: token_classify)
+    "BertForMaskedLM": ModelEntry("masked_lm", "BertMaskedLMEmbeddingModel", "CLS", "embed",
+                                  False, extra_tasks=("token_classify",)),
+    "RobertaForMaskedLM":
+        ModelEntry("masked_lm", "RobertaMaskedLMEmbeddingModel", "CLS", "embed", False),
+    "MPNetModel": ModelEntry("mpnet", "MPNetModel", "CLS", "embed", False),
+    "MPNetForSequenceClassification":
+        ModelEntry("mpnet", "MPNetForSequenceClassification", "CLS", "classify", False),
+    # llama-nemotron-embed / nemotron-rerank: Llama weights, bidirectional attention
+    "LlamaBidirectionalModel":
+        ModelEntry("llama_bidirectional", "LlamaBidirectionalModel", "MEAN", "embed", False),
+    "LlamaBidirectionalForSequenceClassification":
+        ModelEntry("llama_bidirectional", "LlamaBidirectionalModel", "MEAN", "classify",
                    False),
     "BgeM3EmbeddingModel": ModelEntry("bge_m3", "BgeM3EmbeddingModel", "CLS", "embed", False,
                                       extra_tasks=("token_classify",)),
@@ -111,9 +132,19 @@ class ResolvedArch:
     native_convert: str
 
 
+# A bidirectional decoder's `pooling` config field (llama-nemotron) -> its pooling type.
+_POOLING_FIELD = {"avg": "MEAN", "cls": "CLS", "last": "LAST"}
+
+
 def config_pooling_type(hf_config) -> Optional[str]:
     """A pooling type the checkpoint's config fixes for its classifier head (ModernBERT's
-    `classifier_pooling`), or None."""
+    `classifier_pooling`, a bidirectional Llama's `pooling`), or None."""
+    if any("Bidirectional" in a for a in getattr(hf_config, "architectures", None) or ()):
+        field = getattr(hf_config, "pooling", None)
+        if field is not None and field not in _POOLING_FIELD:
+            raise ValueError(f"pooling {field!r} in the config of a bidirectional model is "
+                             f"not supported (supported: {', '.join(_POOLING_FIELD)}).")
+        return _POOLING_FIELD.get(field)
     mode = getattr(hf_config, "classifier_pooling", None)
     return {"cls": "CLS", "mean": "MEAN"}.get(mode) if isinstance(mode, str) else None
 
