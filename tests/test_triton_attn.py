@@ -1,11 +1,10 @@
 """TRITON_ATTN: its Triton kernels against a float64 torch reference, and whole tiny models
 through it equal to Transformers.
 
-On a machine without a GPU the kernels run in Triton's interpreter: `@triton.jit` picks the
-interpreter when the kernel module is imported, so the module fixture below sets
-TRITON_INTERPRET=1 (for these tests only) and (re)imports the kernel modules under it. With
-a GPU the same tests run the compiled kernels on it. Launch counters (`launches` in each
-kernel module) show the kernels ran, so no test passes on a fallback path.
+The kernels run compiled on a GPU and in Triton's interpreter on the CPU
+(tests/triton_interpret.py). Launch counters (`launches` in each kernel module) show the
+kernels ran, so no test passes on a fallback path: the whole-model tests also count the
+pooling kernel (tests/test_triton_pooling.py tests it on its own).
 """
 from __future__ import annotations
 
@@ -16,52 +15,24 @@ import pytest
 import torch
 
 import model_factory as mf
+from triton_interpret import DEVICE, kernel_modules
 from vllm.attention.metadata import AttentionMetadata, token_slots
 
 triton = pytest.importorskip("triton")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 COS_MIN = 0.9999
 PROB_TOL = 1e-4
 # dtype -> (atol, rtol) against the float64 reference (outputs are O(1))
 TOL = {torch.float32: (2e-5, 1e-5), torch.float16: (3e-3, 3e-3),
        torch.bfloat16: (2e-2, 1.6e-2)}
-KERNELS = ("vllm.attention.ops.triton_attention", "vllm.attention.ops.triton_kv_cache")
-
-
-def _interpreted(module) -> bool:
-    kernel = next(v for k, v in vars(module).items() if k.endswith("_kernel"))
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
-def _interpret_standard_library(mp: pytest.MonkeyPatch) -> None:
-    """Triton decides its own standard library's mode (tl.max, tl.sum: `@jit` functions)
-    when `triton` is first imported; where that happened before TRITON_INTERPRET=1 was set,
-    the interpreter cannot call them: give these tests interpreted twins of the ones the
-    kernels use."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-    for name in ("max", "sum"):
-        fn = getattr(tl, name)
-        if not isinstance(fn, InterpretedFunction):
-            mp.setattr(tl, name, InterpretedFunction(fn.fn))
+KERNELS = ("vllm.attention.ops.triton_attention", "vllm.attention.ops.triton_kv_cache",
+           "vllm.attention.ops.triton_pooling")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernels():
-    """The kernel modules, imported in the mode this machine runs (interpreter on the CPU);
-    TRITON_INTERPRET is set only while this module's tests run."""
-    with pytest.MonkeyPatch.context() as mp:
-        interpret = DEVICE == "cpu"
-        if interpret:
-            mp.setenv("TRITON_INTERPRET", "1")
-            _interpret_standard_library(mp)
-        mods = []
-        for name in KERNELS:
-            mod = importlib.import_module(name)
-            if _interpreted(mod) != interpret:
-                mod = importlib.reload(mod)
-            mods.append(mod)
+    """The kernel modules, in the mode this machine runs (interpreter on the CPU)."""
+    with kernel_modules(KERNELS) as mods:
         yield mods
 
 
@@ -71,9 +42,9 @@ def triton_backend(monkeypatch):
 
 
 def _launches() -> dict:
-    attn, cache = (importlib.import_module(n) for n in KERNELS)
+    attn, cache, pool = (importlib.import_module(n) for n in KERNELS)
     return {"attention": attn.launches["varlen_attention"],
-            "write_kv": cache.launches["write_kv"]}
+            "write_kv": cache.launches["write_kv"], "pool": pool.launches["pool_rows"]}
 
 
 # ----------------------------------------------------------------------- kernels
@@ -182,7 +153,7 @@ def test_bidirectional_window_and_softcap(window, softcap):
 
 
 def test_write_kv_skips_negative_slots(kernels):
-    _, cache_ops = kernels
+    cache_ops = kernels[1]
     k = torch.randn(3, 2, 80, device=DEVICE)
     v = torch.randn(3, 2, 80, device=DEVICE)
     cache = torch.zeros(2, 32, 2, 80, device=DEVICE)
@@ -229,15 +200,83 @@ def test_engine_refuses_triton_attn_on_cpu_without_the_interpreter(monkeypatch,
         LLM(bert_embed_dir, device="cpu")
 
 
+def _fake_cuda(monkeypatch):
+    """A CudaPlatform on an H200-like device (compute 9.0, flash attention in torch),
+    no GPU needed for its choice."""
+    from vllm.platforms.cuda import CudaPlatform
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    cuda = CudaPlatform.__new__(CudaPlatform)
+    cuda.device = torch.device("cuda", 0)
+    return cuda
+
+
+def test_cuda_default_is_triton_attn_for_cache_readers(monkeypatch, caplog):
+    """CUDA: TRITON_ATTN for a model whose steps can hold cache readers, FLASH_ATTN
+    otherwise, each in one INFO line with the reason; VLLM_ATTENTION_BACKEND wins."""
+    import logging
+
+    import vllm.platforms.cuda as cuda_module
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    cuda = _fake_cuda(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="vllm.platforms.interface"):
+        assert cuda.attention_backend(torch.float16, [64], cache_readers=True) == "TRITON_ATTN"
+        assert cuda.attention_backend(torch.bfloat16, [128]) == "FLASH_ATTN"
+    lines = [r.getMessage() for r in caplog.records if "Attention backend" in r.getMessage()]
+    assert len(lines) == 2
+    assert lines[0].startswith("Attention backend: TRITON_ATTN (CUDA default for causal "
+                               "attention with prefix caching or chunked prefill")
+    assert lines[1] == ("Attention backend: FLASH_ATTN (CUDA default for a model without "
+                        "cache readers).")
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASH_ATTN")
+    assert cuda.attention_backend(torch.float16, [64], cache_readers=True) == "FLASH_ATTN"
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    assert cuda.attention_backend(torch.float16, [64]) == "TRITON_ATTN"
+    # Where Triton cannot run, cache readers fall back to flash attention, saying why.
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND")
+    monkeypatch.setattr(cuda_module, "triton_attn_unavailable",
+                        lambda dtype, dims: "triton is not installed")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.platforms.interface"):
+        assert cuda.attention_backend(torch.float16, [64], cache_readers=True) == "FLASH_ATTN"
+    assert caplog.records[-1].getMessage() == (
+        "Attention backend: FLASH_ATTN; not TRITON_ATTN: triton is not installed.")
+
+
+def test_runner_tells_the_platform_about_cache_readers(monkeypatch, qwen3_embed_dir,
+                                                       bert_embed_dir):
+    """The engine asks for a backend with cache_readers true for a causal model with prefix
+    caching / chunked prefill on, false for an encoder."""
+    from vllm import LLM
+    from vllm.platforms.cpu import CpuPlatform
+    seen = []
+    original = CpuPlatform.default_backends
+
+    def record(self, dtype, cache_readers):
+        seen.append(cache_readers)
+        return original(self, dtype, cache_readers)
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    monkeypatch.setattr(CpuPlatform, "default_backends", record)
+    LLM(qwen3_embed_dir, dtype="float32")
+    LLM(qwen3_embed_dir, dtype="float32", enable_prefix_caching=False,
+        enable_chunked_prefill=False)
+    LLM(bert_embed_dir, dtype="float32")
+    assert seen == [True, False, False]
+
+
 # ---------------------------------------------------------------- whole models
 
-def _check_launches(before: dict, llm, cache_writes: bool) -> None:
+def _check_launches(before: dict, llm, cache_writes: bool, pooled: bool) -> None:
+    """Attention ran once per layer per step, the KV write with it where a cache is kept,
+    and the pooling kernel where the step pooled rows or normalized embeddings (LAST and
+    CLS rows are picked by the model's last layer; a classifier normalizes nothing)."""
     after = _launches()
     layers = len(llm.llm_engine.runner.model.model.attention_layers())
     ran = after["attention"] - before["attention"]
     assert llm.llm_engine.runner.attention_backend == "TRITON_ATTN"
     assert ran > 0 and ran % layers == 0
     assert after["write_kv"] - before["write_kv"] == (ran if cache_writes else 0)
+    assert (after["pool"] > before["pool"]) == pooled
 
 
 def test_qwen3_last_with_prefix_cache_and_chunks(triton_backend, qwen3_embed_dir):
@@ -253,7 +292,7 @@ def test_qwen3_last_with_prefix_cache_and_chunks(triton_backend, qwen3_embed_dir
     batch = [{"prompt_token_ids": p} for p in prompts]
     first = llm.embed(batch, use_tqdm=False)
     second = llm.embed(batch, use_tqdm=False)
-    _check_launches(before, llm, cache_writes=True)
+    _check_launches(before, llm, cache_writes=True, pooled=True)
     assert all(o.num_cached_tokens > 0 for o in second)
     for ids, a, b in zip(prompts, first, second):
         ref = mf.hf_embedding(qwen3_embed_dir, ids, "LAST", normalize=True)
@@ -267,7 +306,7 @@ def test_qwen2_bidirectional_mean(triton_backend, qwen2_bidir_dir):
     llm = LLM(qwen2_bidir_dir, dtype="float32", pooler_config={"pooling_type": "MEAN"})
     prompts = mf.mixed_prompts(mf.hf_tokenizer(qwen2_bidir_dir), lengths=(3, 45, 17))
     outs = llm.embed(prompts, use_tqdm=False)
-    _check_launches(before, llm, cache_writes=False)
+    _check_launches(before, llm, cache_writes=False, pooled=True)
     for out in outs:
         ref = mf.hf_embedding(qwen2_bidir_dir, out.prompt_token_ids, "MEAN", normalize=True,
                               bidirectional=True)
@@ -280,7 +319,7 @@ def test_bert_classifier(triton_backend, bert_cls_dir):
     llm = LLM(bert_cls_dir, dtype="float32")
     prompts = mf.mixed_prompts(mf.hf_tokenizer(bert_cls_dir), lengths=(3, 40, 17))
     outs = llm.classify(prompts, use_tqdm=False)
-    _check_launches(before, llm, cache_writes=False)
+    _check_launches(before, llm, cache_writes=False, pooled=False)
     for out in outs:
         want = mf.probs_from_logits(mf.hf_seqcls_logits(bert_cls_dir, out.prompt_token_ids))
         assert mf.max_abs_diff(out.outputs.probs, want) <= PROB_TOL
@@ -293,7 +332,7 @@ def test_minilm_matches_sentence_transformers(triton_backend, minilm_dir):
     sentences = ["A cat sits on the mat.", "Paged attention reads keys in place.",
                  "Short."]
     outs = llm.embed(sentences, use_tqdm=False)
-    _check_launches(before, llm, cache_writes=False)
+    _check_launches(before, llm, cache_writes=False, pooled=True)
     for out, ref in zip(outs, mf.st_encode(minilm_dir, sentences)):
         assert mf.cosine(out.outputs.embedding, ref) >= COS_MIN
 

@@ -1,5 +1,11 @@
 """The CUDA platform: the checkpoint's half-precision dtype, a KV cache sized from
-`gpu_memory_utilization`, torch's flash attention.
+`gpu_memory_utilization`, and the attention backend.
+
+Attention: TRITON_ATTN by default for a model whose steps can hold cache readers (causal
+attention with prefix caching or chunked prefill on): its kernel reads a reader's cached keys
+in place through the block table, where FLASH_ATTN first gathers them into a packed tensor,
+and it measured at least as fast on an H200 (benchmarks/gpu_check.py). Otherwise torch's
+flash attention; VLLM_ATTENTION_BACKEND always wins.
 
 dtype="auto" follows upstream vLLM for pooling models: a float16/bfloat16 checkpoint runs
 in its own dtype, a float32 (or unstated) one in float16.
@@ -72,6 +78,16 @@ class CudaPlatform(Platform):
 
     def backend_preference(self, dtype: torch.dtype) -> tuple[str, ...]:
         return ("FLASH_ATTN", "TORCH_SDPA")
+
+    def default_backends(self, dtype: torch.dtype,
+                         cache_readers: bool) -> tuple[tuple[str, ...], str]:
+        """TRITON_ATTN first for a model whose steps can hold cache readers (see module doc),
+        else flash attention."""
+        if cache_readers:
+            return ("TRITON_ATTN",) + self.backend_preference(dtype), (
+                "CUDA default for causal attention with prefix caching or chunked prefill: "
+                "it reads cached keys in place, where FLASH_ATTN gathers them")
+        return self.backend_preference(dtype), "CUDA default for a model without cache readers"
 
     def backend_unavailable(self, name: str, dtype: torch.dtype,
                             head_dims: Sequence[int]) -> Optional[str]:

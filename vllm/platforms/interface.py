@@ -109,10 +109,12 @@ class Platform:
         raise NotImplementedError
 
     # ----- attention backend ------------------------------------------------------------
-    def attention_backend(self, dtype: torch.dtype, head_dims: Sequence[int]) -> str:
+    def attention_backend(self, dtype: torch.dtype, head_dims: Sequence[int],
+                          cache_readers: bool = False) -> str:
         """The backend name for a model whose attention layers have `head_dims`:
         VLLM_ATTENTION_BACKEND when set (ValueError if unknown or unusable here), else the
-        platform's first choice that can run it. Logged."""
+        platform's first choice that can run it (`default_backends`; `cache_readers`: its
+        steps can hold requests reading cached keys). Logged."""
         forced = envs.VLLM_ATTENTION_BACKEND
         if forced is not None:
             check_backend_name(forced)
@@ -123,10 +125,12 @@ class Platform:
             logger.info("Attention backend: %s (VLLM_ATTENTION_BACKEND).", forced)
             return forced
         skipped = []
-        for name in self.backend_preference(dtype):
+        order, why = self.default_backends(dtype, cache_readers)
+        for name in order:
             why_not = self.backend_unavailable(name, dtype, head_dims)
             if why_not is None:
-                logger.info("Attention backend: %s%s.", name,
+                note = f" ({why})" if why and not skipped else ""
+                logger.info("Attention backend: %s%s%s.", name, note,
                             "".join(f"; {s}" for s in skipped))
                 return name
             skipped.append(f"not {name}: {why_not}")
@@ -135,6 +139,12 @@ class Platform:
     def backend_preference(self, dtype: torch.dtype) -> tuple[str, ...]:
         """Backend names in the order this platform prefers them."""
         raise NotImplementedError
+
+    def default_backends(self, dtype: torch.dtype,
+                         cache_readers: bool) -> tuple[tuple[str, ...], str]:
+        """(backend names in the order preferred for this model, why; "" for nothing to
+        say): `backend_preference` unless a platform weighs `cache_readers`."""
+        return self.backend_preference(dtype), ""
 
     def backend_unavailable(self, name: str, dtype: torch.dtype,
                             head_dims: Sequence[int]) -> Optional[str]:

@@ -48,9 +48,10 @@ class PoolingModel(nn.Module):
         return self.model(*args, **kwargs)
 
 
-def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
+def build_model(mc: ModelConfig, platform: Platform,
+                cache_readers: bool = False) -> PoolingModel:
     """Instantiate the backbone + head for `mc` on its device, load weights, cast to the
-    dtype, bind the ops."""
+    dtype, bind the ops (`cache_readers`: see `Platform.attention_backend`)."""
     cls = load_model_class(mc.arch.base)
     names = {name for name, _ in _names_only(mc)}
     with platform.device, _no_random_init():
@@ -67,7 +68,7 @@ def build_model(mc: ModelConfig, platform: Platform) -> PoolingModel:
         layer.load()
     model.to(dtype=mc.dtype).eval()
     model.requires_grad_(False)
-    bind_ops(model, platform, mc.dtype, mc.quantization)
+    bind_ops(model, platform, mc.dtype, mc.quantization, cache_readers)
     logger.info("Loaded %s (%s backbone, head: %s) in %s on %s", mc.architecture,
                 cls.__name__, type(head).__name__ if head is not None else "none",
                 str(mc.dtype).replace("torch.", ""), mc.device)
@@ -101,7 +102,7 @@ def _keep(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 
 
 def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype,
-             quantization: Optional[str] = None) -> None:
+             quantization: Optional[str] = None, cache_readers: bool = False) -> None:
     """Bind every op of a loaded model to the implementation `platform` chose (logged).
     `quantization="int8"`: the backbone's projections first, to int8 (heads stay float)."""
     count = 0
@@ -118,7 +119,7 @@ def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype,
     if any(isinstance(m, RMSNorm) for m in model.modules()):
         bind_rms_norm(model, platform.rms_norm_kernel(dtype))
     head_dims = [m.head_dim for m in model.modules() if isinstance(m, Attention)]
-    model.attention_backend = platform.attention_backend(dtype, head_dims)
+    model.attention_backend = platform.attention_backend(dtype, head_dims, cache_readers)
     bind_attention(model, get_backend(model.attention_backend))
 
 

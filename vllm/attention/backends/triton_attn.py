@@ -5,8 +5,9 @@ cache slots, in place of the layer's `index_copy_`) and one varlen attention lau
 whole flat batch. Cache readers' keys are read in place through their block tables (no
 gather into a packed tensor, unlike FLASH_ATTN); sliding windows and logit softcapping run
 inside the kernel (`handles_window_softcap`: the layer does not send those steps to
-backends/masked.py). float32, float16 and bfloat16; any head size up to 256 (a power-of-two
-tile with a mask).
+backends/masked.py). The pooler also finds its reductions here (`pool_rows`: LAST / CLS /
+MEAN over the flat batch and L2 normalize, ops/triton_pooling.py). float32, float16 and
+bfloat16; any head size up to 256 (a power-of-two tile with a mask).
 
 On a GPU the kernels are compiled; on the CPU they run only in Triton's interpreter
 (TRITON_INTERPRET=1, which `@triton.jit` reads when the kernel module is imported): the
@@ -16,7 +17,7 @@ when this module is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -76,6 +77,17 @@ class TritonAttentionBackend(AttentionBackend):
     # Hooks the layer looks for (vllm/model_executor/layers/attention.py): this backend
     # writes the KV cache itself and applies windows and softcaps in its kernel.
     handles_window_softcap = True
+
+    def pool_rows(self, x: torch.Tensor, starts: list[int], counts: list[int],
+                  norm_dims: Optional[list[int]] = None) -> torch.Tensor:
+        """The pooler's hook: float32 [N, H], row i the mean of x's rows starts[i] ..
+        starts[i] + counts[i] - 1 (then L2-normalized over its first norm_dims[i] values
+        where that is > 0). The index lists reach the device in one copy."""
+        from vllm.attention.ops import triton_pooling
+        lists = [starts, counts] + ([norm_dims] if norm_dims is not None else [])
+        index = torch.tensor(lists, dtype=torch.int32).to(x.device)
+        return triton_pooling.pool_rows(x, index[0], index[1],
+                                        index[2] if norm_dims is not None else None)
 
     def build(self, meta: AttentionMetadata) -> TritonMetadata:
         return build_triton_metadata(meta, *tile_sizes(meta.device))

@@ -6,6 +6,9 @@ was asked for on a causal model, `worker/pool_steps.py` assembles the request's 
 vector or rows across steps and cached blocks first and hands them here whole. LAST needs
 only the final token, which is always computed. SPLADE reduces a
 request's rows through the backbone's own `sparse_pool` (MLM logits -> vocabulary weights).
+Where the attention backend offers device reductions (TRITON_ATTN's `pool_rows`), LAST /
+CLS / MEAN rows the model did not select already and the embeddings' L2 normalize run
+there, and the embeddings come back to the host in one transfer.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from vllm.attention.backends.registry import get_backend
 from vllm.pooling_params import PoolingParams
 from vllm.tasks import TOKEN_TASKS, PoolingTask as T
 
@@ -45,6 +49,9 @@ class Pooler:
         # A backbone's own per-token outputs (BGE-M3's lexical weights and ColBERT vectors).
         self.token_weights = getattr(model.model, "token_weights", None)
         self.token_vectors = getattr(model.model, "token_vectors", None)
+        # The backend's device reductions (see module doc), or None: the torch path.
+        self.pool_rows = getattr(get_backend(getattr(model, "attention_backend", "TORCH_SDPA")),
+                                 "pool_rows", None)
         if pooling_type == "SPLADE" and self.sparse_pool is None:
             raise ValueError(f"SPLADE pooling needs a sparse model such as "
                              f"BertSpladeSparseEmbeddingModel, not {type(model.model).__name__}.")
@@ -85,6 +92,8 @@ class Pooler:
             pooled = hidden
         elif self.pooling_type == "SPLADE":
             pooled = torch.stack([self.sparse_pool(_whole(hidden, s, "SPLADE")) for s in slices])
+        elif self.pool_rows is not None:  # float32 rows (LAST / CLS: exact copies)
+            pooled = self.pool_rows(hidden, *self._segments(slices))
         elif self.pooling_type == "MEAN":
             pooled = _mean_pool(hidden, slices)
         else:
@@ -102,16 +111,45 @@ class Pooler:
                 projected = layer(projected)
             for i, vec in zip(rows, projected.float()):
                 vectors[i] = vec
+        if self.pool_rows is not None:
+            return self._post_on_device(vectors, slices)
         return [_own(self._post(vectors[i], s.params)) for i, s in enumerate(slices)]
 
     def _row_index(self, slices: list[PoolingSlice], device) -> torch.Tensor:
-        if self.pooling_type == "LAST":
-            rows = [s.start + s.num_new - 1 for s in slices]
-        else:
-            for s in slices:
-                _require_whole(s, "CLS")
-            rows = [s.start + (s.skip if s.skip < s.num_new else 0) for s in slices]
-        return torch.tensor(rows, dtype=torch.long, device=device)
+        return torch.tensor(self._segments(slices)[0], dtype=torch.long, device=device)
+
+    def _segments(self, slices: list[PoolingSlice]) -> tuple[list[int], list[int]]:
+        """Per slice, the first flat row pooled and how many rows: LAST / CLS one, MEAN
+        the request's rows after a left-out prompt (maybe none)."""
+        starts, counts = [], []
+        for s in slices:
+            if self.pooling_type == "LAST":
+                starts.append(s.start + s.num_new - 1)
+                counts.append(1)
+                continue
+            _require_whole(s, self.pooling_type)
+            first = min(s.skip, s.num_new) if self.pooling_type == "MEAN" else \
+                (s.skip if s.skip < s.num_new else 0)
+            starts.append(s.start + first)
+            counts.append(s.num_new - first if self.pooling_type == "MEAN" else 1)
+        return starts, counts
+
+    def _post_on_device(self, vectors: list[torch.Tensor],
+                        slices: list[PoolingSlice]) -> list[torch.Tensor]:
+        """`_post` with the embeddings cut and normalized by the backend's kernel in one
+        launch and copied to the host in one transfer (other tasks as `_post`)."""
+        out = [None] * len(slices)
+        embed = [i for i, s in enumerate(slices) if s.params.task == T.EMBED]
+        if embed:
+            rows = torch.stack([vectors[i] for i in embed])
+            cut = [min(slices[i].params.dimensions or rows.shape[1], rows.shape[1])
+                   for i in embed]
+            norm = [c if slices[i].params.normalize else 0 for c, i in zip(cut, embed)]
+            done = self.pool_rows(rows, list(range(len(embed))), [1] * len(embed), norm).cpu()
+            for j, (i, c) in enumerate(zip(embed, cut)):
+                out[i] = _own(done[j, :c])
+        return [o if o is not None else _own(self._post(vectors[i], s.params))
+                for i, (o, s) in enumerate(zip(out, slices))]
 
     def _post(self, vec: torch.Tensor, p: PoolingParams) -> torch.Tensor:
         if p.task == T.EMBED:
