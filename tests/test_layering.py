@@ -17,7 +17,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "vllm"
 # layer, never one above). Packages are `vllm.X` (a folder or a top-level module).
 LAYERS: list[set[str]] = [
     {"vllm.envs", "vllm.version", "vllm.outputs", "vllm.tasks"},
-    {"vllm.logger"},
+    {"vllm.logger", "vllm.tracing"},
     {"vllm._kernels", "vllm.transformers_utils", "vllm.multimodal"},
     {"vllm.attention"},
     {"vllm.pooling_params"},

@@ -374,6 +374,21 @@ def test_api_key_and_body_limit(secured):
     assert _ok(secured.client.get("/v1/models", headers=auth))["data"][0]["id"] == MINILM
 
 
+def test_a_validation_error_raised_inside_the_engine_answers_400(minilm, minilm_engine,
+                                                                 monkeypatch):
+    """A request the engine itself refuses (a ValueError from add_request, after the front
+    passed it) is the client's fault: 400 with the engine's message, never a 500; the
+    engine keeps serving."""
+    def refuse(*args, **kwargs):
+        raise ValueError("The engine refuses this prompt.")
+
+    monkeypatch.setattr(minilm_engine.engine, "add_request", refuse)
+    refused = _send(minilm, "/v1/embeddings", {"model": MINILM, "input": "refused text"})
+    assert _assert_error(refused, 400)["message"] == "The engine refuses this prompt."
+    monkeypatch.undo()
+    assert _send(minilm, "/v1/embeddings", {"model": MINILM, "input": "a"}).status_code == 200
+
+
 def test_engine_not_ready_is_503():
     server = Server(None, served_model_name=["none"])
     try:

@@ -69,6 +69,20 @@ class LateChunkingMetadata:
     strategy: str = "fixed_tokens"
 
 
+@dataclass(frozen=True)
+class RequestTiming:
+    """Where one request's time went inside the engine front, in seconds; set only on the
+    outputs of traced requests (vllm/tracing.py). `queue`: from submission to the first
+    step it ran in, less `tokenize`; `inference`: from that step's start to the end of the
+    step that finished it (`forward` and `pool` are the parts of those steps)."""
+
+    tokenize: float
+    queue: float
+    forward: float
+    pool: float
+    inference: float
+
+
 _O = TypeVar("_O")
 
 
@@ -84,6 +98,7 @@ class PoolingRequestOutput(Generic[_O]):
         self.prompt_token_ids = prompt_token_ids
         self.finished = finished
         self.num_cached_tokens = num_cached_tokens
+        self.timing: Optional[RequestTiming] = None  # traced requests only
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "

@@ -42,6 +42,7 @@ from vllm.platforms import platform_for
 from vllm.platforms.helper_threads import serial_torch_here
 from vllm.platforms.interface import IdleTask
 from vllm.pooling_params import PoolingParams
+from vllm.tracing import EngineTimer, tokenizing
 
 logger = init_logger(__name__)
 
@@ -85,6 +86,7 @@ class AsyncLLM(TokenizerFront):
         self._bounded, self._backlog = bounded_backlog, None
         self._error: Optional[BaseException] = None
         self._dead_callbacks: list[Callable[[], None]] = []
+        self._timer = EngineTimer()  # the prompts of traced requests (vllm/tracing.py)
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix="vllm-tokenizer",
                                                   initializer=serial_torch_here)
@@ -203,9 +205,16 @@ class AsyncLLM(TokenizerFront):
                     for prompt, params, rid in items]
         overlap = [not self._tokenize_between_steps and isinstance(p.prompt, TextPrompt)
                    for _, p in pendings]
-        self._inbox.put([(rid, p, not later) for (rid, p), later in zip(pendings, overlap)],
-                        check=self._refuse_if_dead)
+        trace = self._timer.start(pendings)
+        try:
+            self._inbox.put([(rid, p, not later) for (rid, p), later in zip(pendings, overlap)],
+                            check=self._refuse_if_dead)
+        except BaseException:
+            self._timer.drop(pendings)
+            raise
         for (rid, pending), later in zip(pendings, overlap):
+            if trace is not None:
+                self._timer.watch(trace, rid, pending.future)
             if later:
                 self._tokenizer_pool.submit(self._tokenize_then_queue, rid, pending)
             pending.future.add_done_callback(
@@ -223,10 +232,18 @@ class AsyncLLM(TokenizerFront):
         if not self.is_alive:
             raise self.dead_error
 
+    async def run_in_tokenizer_thread(self, fn: Callable[..., Any], *args: Any,
+                                      **kwargs: Any) -> Any:
+        """TokenizerFront's, and for a traced request the time it took (tokenizing)."""
+        with tokenizing():
+            return await super().run_in_tokenizer_thread(fn, *args, **kwargs)
+
     def _tokenize_then_queue(self, request_id: str, pending: Pending) -> None:
         """On the tokenizer thread, while a step may be running: tokenize the text, then
         queue the request (unless it was aborted meanwhile); a refusal fails it in `_admit`."""
+        start = time.perf_counter()
         pending.prompt = self.processor.tokenize_texts([pending.prompt])[0]
+        self._timer.tokenized([request_id], time.perf_counter() - start)
         self._inbox.queue(request_id, pending)
 
     async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
@@ -300,12 +317,17 @@ class AsyncLLM(TokenizerFront):
                 logger.debug("Abort of finished request(s) %s ignored.", aborts)
         texts = [p for _, p in new if isinstance(p.prompt, TextPrompt)]
         if texts:
+            start = time.perf_counter()
             try:  # a text the tokenizer refuses fails alone (as a ValueError in its place)
                 tokenized = self.engine.processor.tokenize_texts([p.prompt for p in texts])
             except Exception:  # never expected; still no request may stop the loop
                 logger.exception("Tokenizing %d texts failed.", len(texts))
                 tokenized = [ValueError("The tokenizer could not encode this text.")] * \
                     len(texts)
+            if self._timer.active:
+                self._timer.tokenized([rid for rid, p in new  # (texts, not yet replaced)
+                                       if isinstance(p.prompt, TextPrompt)],
+                                      time.perf_counter() - start)
             for p, result in zip(texts, tokenized):
                 p.prompt = result
         for rid, pending in new:
@@ -314,6 +336,7 @@ class AsyncLLM(TokenizerFront):
                     raise pending.prompt
                 adapter = (pending.lora,) if pending.lora is not None else ()
                 self.engine.add_request(rid, pending.prompt, pending.params, *adapter)
+                self._timer.added(rid)
             except Exception as exc:
                 self._inbox.forget(rid)
                 resolve(pending, error=exc)
@@ -324,7 +347,11 @@ class AsyncLLM(TokenizerFront):
         if not engine.has_unfinished_requests():
             return 0
         steps = engine.stats.num_steps
+        timer = self._timer if self._timer.active else None
+        start = timer.step_begins(engine.runner.model) if timer else 0.0
         outputs = engine.step()
+        if timer:
+            timer.step_done(start, outputs, engine.scheduler.waiting)
         resolve_outputs(self._inbox.finished(outputs))
         if not outputs and engine.stats.num_steps == steps:
             self._inbox.pause(0.005)  # nothing could be scheduled: do not spin

@@ -97,3 +97,14 @@ async def warm_up(client: Any) -> WarmupReport:
         except Exception as exc:  # reported in the log line; start-up goes on
             failed[str(task)] = f"{type(exc).__name__}: {exc}"
     return WarmupReport([str(t) for t in tasks], failed, time.perf_counter() - start)
+
+
+async def warm_up_and_reset(client: Any, who: str = "") -> WarmupReport:
+    """`warm_up`, then, when every task succeeded, the engine's counters from zero (so
+    /metrics counts users' requests only); one log line, `who` naming the engine (a data
+    parallel replica warms itself this way before it reports ready)."""
+    report = await warm_up(client)
+    if not report.failed:
+        client.reset_stats()
+    (logger.warning if report.failed else logger.info)("%s%s", who, report.describe())
+    return report

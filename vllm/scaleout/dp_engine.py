@@ -30,6 +30,7 @@ from vllm.logger import init_logger
 from vllm.platforms.helper_threads import serial_torch_here
 from vllm.scaleout.router import PrefixRouter
 from vllm.scaleout.wire import unpack
+from vllm.tracing import current_trace, tokenizing
 
 logger = init_logger(__name__)
 
@@ -159,8 +160,21 @@ class DPAsyncLLM(TokenizerFront):
 
     def submit_many(self, items: Sequence[tuple[Any, Any, str]]) -> list[asyncio.Future]:
         """`submit` for each (prompt, params, request_id): one request's prompts are
-        flushed to the replicas together on the event loop's next turn."""
-        return [self.submit(prompt, params, rid) for prompt, params, rid in items]
+        flushed to the replicas together on the event loop's next turn. A traced
+        request's (vllm/tracing.py) prompts count in its span, without engine timings: the
+        replicas run in other processes."""
+        futures = [self.submit(prompt, params, rid) for prompt, params, rid in items]
+        trace = current_trace()
+        if trace is not None:
+            for (_, _, rid), future in zip(items, futures):
+                trace.watch(rid, future)
+        return futures
+
+    async def run_in_tokenizer_thread(self, fn: Callable[..., Any], *args: Any,
+                                      **kwargs: Any) -> Any:
+        """TokenizerFront's, and for a traced request the time it took (tokenizing)."""
+        with tokenizing():
+            return await super().run_in_tokenizer_thread(fn, *args, **kwargs)
 
     async def encode(self, prompt: Any, params: Any, request_id: str) -> Any:
         return await self.submit(prompt, params, request_id)

@@ -23,10 +23,12 @@ class MPReplica:
     """
 
     def __init__(self, index: int, engine_args: Any, threads: Optional[int],
-                 post: Callable[..., None], on_results: Callable, on_dead: Callable) -> None:
+                 post: Callable[..., None], on_results: Callable, on_dead: Callable,
+                 warmup: bool = True) -> None:
         self.index = index
         self.engine_args = engine_args
         self.threads = threads
+        self.warmup = warmup  # the child warms its engine up before it reports ready
         self._post = post
         self._on_results = on_results
         self._on_dead = on_dead
@@ -37,11 +39,12 @@ class MPReplica:
         self.conn: Any = None
 
     def start(self) -> None:
-        """Spawn the process and wait until its engine is loaded (blocking)."""
+        """Spawn the process and wait until its engine is loaded and warm (blocking)."""
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         self.process = ctx.Process(target=replica_main, name=f"vllm-replica-{self.index}",
-                                   args=(child, self.engine_args, self.index, self.threads),
+                                   args=(child, self.engine_args, self.index, self.threads,
+                                         self.warmup),
                                    daemon=True)
         self.process.start()
         child.close()

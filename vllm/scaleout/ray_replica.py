@@ -45,7 +45,11 @@ class ReplicaActor:
             torch.set_num_threads(threads)
         self.engine = AsyncLLM.from_engine_args(engine_args)
 
-    async def ready(self) -> int:
+    async def ready(self, warmup: bool = True) -> int:
+        """The actor's pid once its engine is warm (`warmup`: run the warm-up first)."""
+        if warmup:
+            from vllm.engine.warmup import warm_up_and_reset
+            await warm_up_and_reset(self.engine, f"Replica (pid {os.getpid()}): ")
         return os.getpid()
 
     async def run(self, items: list[tuple[str, Any, Any]]) -> list[Result]:
@@ -74,8 +78,9 @@ class RayReplica:
     """The front's side of one `ReplicaActor`."""
 
     def __init__(self, index: int, engine_args: Any, cpus: float, gpus: int,
-                 on_results: Callable, on_dead: Callable) -> None:
+                 on_results: Callable, on_dead: Callable, warmup: bool = True) -> None:
         self.index = index
+        self.warmup = warmup
         self.engine_args = engine_args
         self.cpus = cpus
         self.gpus = gpus
@@ -85,14 +90,14 @@ class RayReplica:
         self.actor: Any = None
 
     def start(self) -> None:
-        """Create the actor and wait until its engine is loaded (blocking)."""
+        """Create the actor and wait until its engine is loaded and warm (blocking)."""
         import ray
         threads = None if self.gpus else max(1, int(self.cpus))
         remote = ray.remote(ReplicaActor).options(num_cpus=self.cpus, num_gpus=self.gpus,
                                                   max_concurrency=1000)
         self.actor = remote.remote(self.engine_args, threads)
         try:
-            self.pid = ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
+            self.pid = ray.get(self.actor.ready.remote(self.warmup), timeout=START_TIMEOUT_S)
         except Exception as exc:
             ray.kill(self.actor)
             raise RuntimeError(f"Replica {self.index} failed to start: {exc}") from exc

@@ -15,15 +15,18 @@ import threading
 from typing import Any, Optional
 
 from vllm.engine.async_llm import AsyncLLM
+from vllm.engine.warmup import warm_up_and_reset
 from vllm.logger import init_logger
 from vllm.scaleout.wire import Result, pack_error, pack_future
 
 logger = init_logger(__name__)
 
 
-def replica_main(conn: Any, engine_args: Any, index: int, threads: Optional[int]) -> None:
-    """Child-process entry: build the engine, report ready, serve until stopped. SIGINT and
-    SIGTERM are left to the front, which drains its requests and then stops us."""
+def replica_main(conn: Any, engine_args: Any, index: int, threads: Optional[int],
+                 warmup: bool = True) -> None:
+    """Child-process entry: build the engine, warm it up (unless `warmup` is False:
+    `--no-warmup`), report ready, serve until stopped. SIGINT and SIGTERM are left to the
+    front, which drains its requests and then stops us."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if threads:
@@ -34,6 +37,8 @@ def replica_main(conn: Any, engine_args: Any, index: int, threads: Optional[int]
     except BaseException as exc:  # report it to the front rather than die silently
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    if warmup:  # before "ready": the server is healthy only once every replica is warm
+        asyncio.run(warm_up_and_reset(engine, f"Replica {index}: "))
     conn.send(("ready", os.getpid()))
     logger.info("Replica %d (pid %d) is serving.", index, os.getpid())
     asyncio.run(ReplicaServer(conn, engine).serve())

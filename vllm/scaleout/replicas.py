@@ -23,6 +23,8 @@ def replica_factory(backend: str, engine_args: Any, size: int, vllm_config: Any,
                     front: Callable[[], Any]) -> Callable[[int], Any]:
     """`make(index)` -> an unstarted replica handle whose events reach `front()`."""
     device = resolve_device(engine_args.device)
+    # Each replica warms itself up before it reports ready (vllm.engine.warmup).
+    warmup = not getattr(args, "no_warmup", False)
 
     def post(fn: Callable, *a: Any) -> None:
         front().post(fn, *a)
@@ -40,12 +42,13 @@ def replica_factory(backend: str, engine_args: Any, size: int, vllm_config: Any,
             logger.info("Each local replica runs torch with %d thread(s) (the CPU's cores "
                         "shared out over %d replicas; set OMP_NUM_THREADS to choose).",
                         threads, size)
-        return lambda i: MPReplica(i, engine_args, threads, post, on_results, on_dead)
+        return lambda i: MPReplica(i, engine_args, threads, post, on_results, on_dead,
+                                   warmup)
     if backend == "ray":
         from vllm.scaleout.ray_replica import RayReplica, connect
         connect(getattr(args, "ray_address", None))
         cpus = float(getattr(args, "data_parallel_cpus_per_replica", 1.0) or 1.0)
         gpus = 1 if device == "cuda" else 0
         logger.info("Each Ray replica declares %g CPU(s) and %d GPU(s).", cpus, gpus)
-        return lambda i: RayReplica(i, engine_args, cpus, gpus, on_results, on_dead)
+        return lambda i: RayReplica(i, engine_args, cpus, gpus, on_results, on_dead, warmup)
     raise ValueError(f"Unknown data-parallel backend {backend!r}; use mp or ray.")

@@ -13,16 +13,17 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from vllm import envs
 from vllm.engine.async_llm import AsyncLLM
 from vllm.engine.protocol import EngineClient
-from vllm.engine.warmup import warm_up
+from vllm.engine.warmup import warm_up_and_reset
 from vllm.entrypoints.openai import (serving_cohere, serving_invocations, serving_lora,
                                      serving_models, serving_pooling, serving_score,
                                      serving_tei, serving_tokens, tei_front, tei_routes)
-from vllm.entrypoints.openai.errors import error_response, install_error_handlers
+from vllm.entrypoints.openai.errors import (OrjsonResponse, error_response,
+                                           install_error_handlers)
 from vllm.entrypoints.openai.http_edge import (DEFAULT_BODY_READ_TIMEOUT_S,
                                                DEFAULT_MAX_REQUEST_BODY_BYTES, AuthMiddleware,
                                                RequestEdge)
@@ -30,6 +31,7 @@ from vllm.entrypoints.openai.metrics import MetricsMiddleware, ServerMetrics
 from vllm.entrypoints.openai.serving_engine import COMMON_ROUTES, ROUTE_TASKS, ServingContext
 from vllm.entrypoints.openai.serving_limits import ServingLimits
 from vllm.entrypoints.openai.tei_protocol import DEFAULT_MAX_CLIENT_BATCH_SIZE
+from vllm.entrypoints.openai.tracing import RequestTracer, TraceMiddleware, check_tracing_args
 from vllm.logger import init_logger
 from vllm.platforms.helper_threads import serial_torch
 from vllm.version import __version__
@@ -50,6 +52,7 @@ def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
         if model is None and async_llm is not None:
             model = async_llm.model_config.model
         served = [str(model or "default")]
+    otlp_endpoint = check_tracing_args(args)
     ctx = ServingContext(async_llm, served, limits=ServingLimits.from_args(args))
     metrics = ServerMetrics(lambda: async_llm.stats if async_llm is not None else None,
                             served[0], list(ROUTE_TASKS) +
@@ -57,10 +60,13 @@ def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
                             list(tei_routes.TEI_PATHS))
     ctx.metrics = metrics
 
-    app = FastAPI(title="vLLM (pooling models)", version=__version__)
+    # Routes that return plain data answer through orjson, as upstream's responses.
+    app = FastAPI(title="vLLM (pooling models)", version=__version__,
+                  default_response_class=OrjsonResponse)
     app.state.engine = async_llm
     app.state.serving = ctx
     app.state.metrics = metrics
+    app.state.tracer = RequestTracer(otlp_endpoint, served[0]) if otlp_endpoint else None
     install_error_handlers(app)
     pooling = serving_pooling.ServingPooling(ctx)
     scores = serving_score.ServingScores(ctx)
@@ -79,7 +85,7 @@ def build_app(async_llm: Optional[EngineClient], args: Any = None) -> FastAPI:
         if not async_llm.is_alive:
             return error_response(503, str(async_llm.dead_error))
         report = async_llm.health_report()  # data parallel: replicas up
-        return JSONResponse(report) if report is not None else Response(status_code=200)
+        return OrjsonResponse(report) if report is not None else Response(status_code=200)
 
     @app.get("/version")
     async def version() -> dict:
@@ -135,6 +141,8 @@ def _add_edge(app: FastAPI, ctx: ServingContext, args: Any) -> None:
     if api_key:
         app.add_middleware(AuthMiddleware, api_key=api_key)
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
+    if app.state.tracer is not None:  # outside the edge: its direct routes are traced too
+        app.add_middleware(TraceMiddleware, tracer=app.state.tracer)
     # As upstream: any origin by default, so browsers can call the server.
     app.add_middleware(CORSMiddleware,
                        allow_origins=getattr(args, "allowed_origins", None) or ["*"],
@@ -249,14 +257,11 @@ def warm_up_engine(async_llm: EngineClient, args: Any) -> None:
         logger.info("Warm-up skipped (--no-warmup).")
         return
     if not isinstance(async_llm, AsyncLLM):
-        logger.info("Warm-up skipped: data parallel replicas are not warmed up; their first "
-                    "requests pay for the first forward pass (use --no-warmup to silence).")
+        logger.info("Warm-up: each data parallel replica warmed itself up before it "
+                    "reported ready (one line per replica above).")
         return
-    with serial_torch():
-        report = asyncio.run(warm_up(async_llm))
-    if not report.failed:  # /metrics counts users' requests only, as without a warm-up
-        async_llm.reset_stats()
-    (logger.warning if report.failed else logger.info)("%s", report.describe())
+    with serial_torch():  # /metrics then counts users' requests only
+        asyncio.run(warm_up_and_reset(async_llm))
 
 
 def _http_protocol() -> type:
@@ -321,9 +326,10 @@ def run_server(args: Any, companions: Sequence[Callable[[FastAPI], Companion]] =
     were answered 503 first), so that a supervisor restarts the server, as upstream."""
     from vllm.entrypoints.openai.cli_args import engine_args_from_namespace
     from vllm.scaleout.engine import make_async_engine
+    check_tracing_args(args)  # a missing `otel` extra stops us before the model loads
     engine_args = engine_args_from_namespace(args)
     async_llm = make_async_engine(engine_args, args)
-    sock = None
+    sock, app = None, None
     try:
         app = build_app(async_llm, args)
         warm_up_engine(async_llm, args)
@@ -342,6 +348,8 @@ def run_server(args: Any, companions: Sequence[Callable[[FastAPI], Companion]] =
         if sock is not None:
             close_listener(sock, getattr(args, "uds", None))
         async_llm.shutdown()
+        if app is not None and app.state.tracer is not None:
+            app.state.tracer.shutdown()  # the spans still batched are sent
         logger.info("Server stopped.")
     return 1 if async_llm.errored else 0
 

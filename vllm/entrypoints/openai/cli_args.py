@@ -75,6 +75,15 @@ def _human_int(value: str) -> int:
     return int(number * scale)
 
 
+def _trace_modules(value: str) -> list[str]:
+    """`model`, `worker`, `all` or a comma-separated list of them (upstream's values)."""
+    modules = [v.strip() for v in value.split(",") if v.strip()]
+    wrong = [m for m in modules if m not in ("model", "worker", "all")]
+    if wrong or not modules:
+        raise argparse.ArgumentTypeError(f"expected model, worker or all, got {value!r}")
+    return modules
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -131,6 +140,17 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
                         help="Also serve Hugging Face TEI's gRPC API (tei.v1) on this port "
                         "(0 = any free port), beside HTTP, with the same engine, API key and "
                         "limits; needs the `grpc` extra (grpcio, grpcio-tools).")
+    server.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                        help="Send an OpenTelemetry span per request (tokenize, queue, forward "
+                        "and pool times; the caller's `traceparent` header is its parent) to "
+                        "this OTLP endpoint: gRPC, or HTTP/protobuf with "
+                        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf. Needs the `otel` "
+                        "extra.")
+    server.add_argument("--collect-detailed-traces", nargs="+", type=_trace_modules,
+                        default=None, metavar="MODULES",
+                        help="Upstream's model, worker or all (comma-separated allowed); needs "
+                        "--otlp-traces-endpoint. The forward and pooling times are always in "
+                        "the span here, so it adds nothing (accepted, logged).")
     server.add_argument("--max-tokens-per-request", type=_human_int, default=None,
                         metavar="N", help="Most tokens in one request's inputs together; more "
                         "is a 400 (default 2M).")
@@ -184,8 +204,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         "bfloat16 or float16.")
     engine.add_argument("--quantization", "-q", default=None, choices=["int8"],
                         help="int8: the backbone's projections in int8 (weights per output "
-                        "channel, activations per token); needs a CPU with AVX512-VNNI, "
-                        "AVX-VNNI or AMX-INT8.")
+                        "channel, activations per token) on any x86 CPU with AVX2: oneDNN "
+                        "where the CPU has VNNI or AMX-INT8, the engine's AVX2 kernel "
+                        "elsewhere (VLLM_CPU_INT8_PATH overrides).")
     engine.add_argument("--max-model-len", type=_human_int, default=None,
                         help="Longest prompt in tokens (e.g. 512, 8k); default: the model's "
                         "limit.")

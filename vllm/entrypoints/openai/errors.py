@@ -7,9 +7,11 @@ import random
 from http import HTTPStatus
 from typing import Any, Optional
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm.engine.async_llm import EngineDeadError
@@ -52,6 +54,16 @@ def bad_request(message: str, param: Optional[str] = None) -> APIError:
     return APIError(400, message, param)
 
 
+# Upstream 0.33's answer to every request on a dead engine; the cause stays in the log.
+ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
+
+
+def engine_dead(cause: BaseException) -> APIError:
+    """The 500 a request gets when the engine has stopped (upstream's status and message)."""
+    logger.error("Request refused: the engine is dead (%s).", cause)
+    return APIError(500, ENGINE_DEAD_MESSAGE)
+
+
 def internal_error(what: str) -> APIError:
     """A 500 whose message carries an error id and no internals: the exception being
     handled (type, message, traceback) goes to the log under the same id."""
@@ -69,16 +81,43 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict[s
     return {"error": {"message": message, "type": etype, "param": param, "code": status}}
 
 
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def json_bytes(content: Any) -> bytes:
+    """`content` (plain data or a pydantic model) as compact UTF-8 JSON, with orjson as
+    upstream serves its responses; NaN and infinities become null, as pydantic writes
+    them. What orjson refuses (a lone surrogate in a string, an integer beyond 64 bits)
+    is written by the standard library, with non-ASCII characters escaped."""
+    model = content if isinstance(content, BaseModel) else None
+    try:
+        return orjson.dumps(content if model is None else model.model_dump(),
+                            option=_ORJSON_OPTIONS)
+    except TypeError:
+        data = content if model is None else model.model_dump(mode="json")
+        return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+
+
+class OrjsonResponse(Response):
+    """A JSON response serialized by `json_bytes` (the app's default response class)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
+
+
 def error_response(status: int, message: str, param: Optional[str] = None,
-                   headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+                   headers: Optional[dict[str, str]] = None) -> Response:
+    return OrjsonResponse(error_body(status, message, param), status_code=status,
+                          headers=headers)
 
 
 def error_bytes(status: int, message: str, param: Optional[str] = None,
                 **extra: Any) -> bytes:
     """The error body serialized, for ASGI middleware that answers on its own; `extra`
     adds top-level fields beside `error`."""
-    return json.dumps({**error_body(status, message, param), **extra}).encode()
+    return json_bytes({**error_body(status, message, param), **extra})
 
 
 # Fields that accept several shapes: one plain sentence instead of an error per shape.
@@ -151,7 +190,7 @@ MAPPED_ERRORS = (APIError, RequestValidationError, StarletteHTTPException, Engin
 
 
 def mapped_error_response(exc: Exception, method: str = "",
-                          path: str = "") -> Optional[JSONResponse]:
+                          path: str = "") -> Optional[Response]:
     """The answer to an exception a handler raised, or None when it has no mapping (a 500,
     see InternalErrorMiddleware). Shared by the app's exception handlers and the direct
     routes (direct_routes.py), so both answer alike."""
@@ -168,15 +207,17 @@ def mapped_error_response(exc: Exception, method: str = "",
         else:
             message = str(exc.detail)
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
-    if isinstance(exc, (EngineDeadError, ValueError)):
-        return error_response(503 if isinstance(exc, EngineDeadError) else 400, str(exc))
+    if isinstance(exc, EngineDeadError):
+        return mapped_error_response(engine_dead(exc))
+    if isinstance(exc, ValueError):
+        return error_response(400, str(exc))
     return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every exception type to the shared error body."""
 
-    async def _mapped(request: Request, exc: Exception) -> JSONResponse:
+    async def _mapped(request: Request, exc: Exception) -> Response:
         response = mapped_error_response(exc, request.method, request.url.path)
         assert response is not None
         return response
