@@ -24,7 +24,8 @@ class FakeEngine:
         model_config = types.SimpleNamespace(model="fake", max_model_len=16,
                                              supported_tasks=("encode", "embed"),
                                              pooling_tasks=("embed", "token_embed"),
-                                             encode_task="encode", is_multi_vector=False)
+                                             encode_task="encode", is_multi_vector=False,
+                                             default_prompt_name=None)
         self.vllm_config = types.SimpleNamespace(model_config=model_config)
         self.tokenizer = None
         self.processor = types.SimpleNamespace(
@@ -393,7 +394,8 @@ def test_a_failed_step_fails_its_requests_and_serving_goes_on(fake):
 
 def test_a_failed_self_test_marks_dead_and_health_503():
     """A step fails, and so does the short request run alone after it: the engine itself is
-    broken. The loop stops, callbacks run (the server exits on them), /health is 503."""
+    broken. The loop stops, callbacks run (the server exits on them), /health is 503 and
+    requests are 500 (upstream's message)."""
     from vllm.entrypoints.openai.api_server import build_app
     engine = FakeEngine()
     engine.failing_steps = 10 ** 6
@@ -418,7 +420,9 @@ def test_a_failed_self_test_marks_dead_and_health_503():
     assert health.status_code == 503
     assert health.json()["error"]["type"] == "ServiceUnavailableError"
     message = embed.json()["error"]["message"]
-    assert embed.status_code == 503 and "internal error" in message
+    # upstream 0.33: a dead engine answers every request 500 with one fixed message
+    assert embed.status_code == 500 and embed.json()["error"]["type"] == "InternalServerError"
+    assert message == "The server had an error while processing your request."
     assert "RuntimeError" not in message and "device lost" not in message
     late = []
     llm.on_dead(lambda: late.append(1))   # registered after death: called at once

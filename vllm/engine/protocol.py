@@ -63,5 +63,10 @@ class EngineClient(Protocol):
 
     async def run_in_tokenizer_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
+    async def tokenize_request(self, request: Any) -> list[Any]:
+        """A PoolingRequest's prompts tokenized on the tokenizer thread
+        (vllm.engine.request_front)."""
+        ...
+
     async def tokenize_prompts(self, prompts: Sequence[Any], *args: Any,
                                **kwargs: Any) -> list[Any]: ...

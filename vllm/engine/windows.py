@@ -9,7 +9,7 @@ as a truncation would). On an embedding model a document's windows are embedded 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from vllm.engine.processor import InputProcessor, TokenizedPrompt
 
@@ -53,3 +53,13 @@ def _prompts(processor: InputProcessor, enc, max_windows: int) -> list[Tokenized
         processor.check(prompt)
         out.append(prompt)
     return out
+
+
+def best_of_windows(sizes: Sequence[int], scores: Sequence[float]) -> list[float]:
+    """Each document's score, the best of its windows' (`scores`: every window's, flat in
+    document order; `sizes`: how many windows each document has)."""
+    best, start = [], 0
+    for size in sizes:
+        best.append(max(scores[start:start + size]))
+        start += size
+    return best

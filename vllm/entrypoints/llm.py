@@ -12,7 +12,8 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.padding import padding_kwarg
 from vllm.engine.pooling_request import PoolingRequest
-from vllm.engine.processor import PromptType, TokenizedPrompt
+from vllm.engine import request_front
+from vllm.engine.processor import PromptType
 from vllm.transformers_utils.score_template import load_score_template
 from vllm.logger import init_logger
 from vllm.entrypoints import late_chunking
@@ -101,19 +102,15 @@ class LLM:
         lora = _refuse_extra(kwargs)
         options = EmbedOptions.of(precision, ranges, sparse)
         options.check(self.llm_engine.model_config)
-        processor = self.llm_engine.processor
-        prompt_list = processor.with_prompt(_as_list(prompts), prompt_name, prompt)
         tokens = self.llm_engine.model_config.pooling_task == PoolingTask.TOKEN_EMBED
-        task = PoolingTask.TOKEN_EMBED if tokens else PoolingTask.EMBED
-        pooling_params, plans = self._late_chunking(
-            prompt_list, task, pooling_params, truncate_prompt_tokens, padding,
-            prompt_applied=prompt_list != _as_list(prompts), precision=options.precision)
-        outs = self._pool(prompt_list, task, pooling_params, use_tqdm,
-                          truncate_prompt_tokens=truncate_prompt_tokens,
-                          truncation_side=truncation_side,
-                          prompt_len=processor.prompt_len(_as_list(prompts), prompt_name,
-                                                          prompt),
-                          lora=lora, padding=padding)
+        request = request_front.apply_prompt(
+            self.llm_engine.processor,
+            self._request(prompts, PoolingTask.TOKEN_EMBED if tokens else PoolingTask.EMBED,
+                          pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                          truncation_side=truncation_side, lora=lora, padding=padding),
+            prompt_name, prompt, default=True)
+        request, plans = self._late_chunking(request, options.precision)
+        outs = self._run(request, use_tqdm)
         for o, plan in zip(outs, plans):
             if plan is not None:
                 late_chunking.apply(o, plan, self.get_tokenizer())
@@ -164,11 +161,11 @@ class LLM:
         pairs = pair_texts(_texts(data_1), _texts(data_2))
         template = load_score_template(chat_template)
         if engine.model_config.is_cross_encoder:
-            tokenized = [engine.processor.tokenize_score_pair(
-                a, b, truncate_prompt_tokens, truncation_side, chat_template=template,
-                chat_template_kwargs=chat_template_kwargs) for a, b in pairs]
-            request = PoolingRequest.of(pairs, PoolingTask.SCORE, pooling_params, lora=lora)
-            outs = self._submit(tokenized, request, use_tqdm)
+            request = self._request(pairs, PoolingTask.SCORE, pooling_params, lora=lora,
+                                    pairs=True, truncate_prompt_tokens=truncate_prompt_tokens,
+                                    truncation_side=truncation_side, chat_template=template,
+                                    chat_template_kwargs=chat_template_kwargs)
+            outs = self._run(request, use_tqdm)
             return [ScoringRequestOutput.from_base(o) for o in outs]
         if isinstance(lora, (list, tuple)):
             if any(x != lora[0] for x in lora):
@@ -182,31 +179,30 @@ class LLM:
                                       truncation_side, lora)
 
     # ----- internals -------------------------------------------------------------------
-    def _late_chunking(self, prompts: list, task: PoolingTask, params: Params,
-                       truncate: Optional[int], padding: Optional[str], *,
-                       prompt_applied: bool, precision: str) -> tuple[Params, list]:
-        """(the params to run, one LateChunkPlan or None per prompt): prompts whose params
+    def _late_chunking(self, request: PoolingRequest,
+                       precision: str) -> tuple[PoolingRequest, list]:
+        """(the request to run, one LateChunkPlan or None per prompt): prompts whose params
         ask for late chunking run unnormalised and are pooled per chunk afterwards."""
-        per_prompt = _per_prompt(params, PoolingParams, len(prompts), "pooling_params")
-        if all(p is None or p.late_chunking_params is None for p in per_prompt):
-            return params, [None] * len(prompts)
+        if all(p is None or p.late_chunking_params is None for p in request.params):
+            return request, [None] * len(request.prompts)
         if precision != "float32":
             raise ValueError("late_chunking_params returns float vectors; leave precision "
                              "unset.")
-        mc = self.llm_engine.model_config
+        mc, how = self.llm_engine.model_config, request.tokenization
         run, plans = [], []
-        for prompt, p in zip(prompts, per_prompt):
+        for prompt, p in zip(request.prompts, request.params):
             if p is None or p.late_chunking_params is None:
                 run.append(p)
                 plans.append(None)
                 continue
-            text, = late_chunking.check_inputs([prompt], truncate=truncate, padding=padding,
-                                               prompt_applied=prompt_applied)
-            engine_p, normalize = late_chunking.engine_params(p, task, mc)
+            text, = late_chunking.check_inputs([prompt], truncate=how.truncate_prompt_tokens,
+                                               padding=how.padding,
+                                               prompt_applied=how.prompt_len is not None)
+            engine_p, normalize = late_chunking.engine_params(p, request.task, mc)
             run.append(engine_p)
             plans.append(late_chunking.LateChunkPlan(
                 text, engine_p.late_chunking_params.chunk_size, normalize))
-        return run, plans
+        return dataclasses.replace(request, params=run), plans
 
     def _embedding_scores(self, pairs, truncate_prompt_tokens, use_tqdm, params, side=None,
                           lora=None):
@@ -230,43 +226,33 @@ class LLM:
             results.append(ScoringRequestOutput.from_base(base))
         return results
 
+    def _request(self, prompts: Prompts, task: PoolingTask, params: Params,
+                 **fields: Any) -> PoolingRequest:
+        """`prompts` as one typed `PoolingRequest` for `task` (`fields`: its adapter and
+        tokenization); ValueError when the engine does not run `task`."""
+        self.llm_engine.verify_task(task)
+        prompt_list = prompts if isinstance(prompts, list) and fields.get("pairs") else \
+            _as_list(prompts)
+        return PoolingRequest.of(prompt_list, task, params, **fields)
+
     def _pool(self, prompts: Prompts, task: PoolingTask, params: Params, use_tqdm: bool,
               **fields: Any) -> list[PoolingRequestOutput]:
-        """Run `prompts` as one typed `PoolingRequest` (`fields`: its tokenization and
-        adapter fields)."""
-        self.llm_engine.verify_task(task)
-        prompt_list = _as_list(prompts)
-        if not prompt_list:
-            return []
-        return self._run(PoolingRequest.of(prompt_list, task, params, **fields), use_tqdm)
+        return self._run(self._request(prompts, task, params, **fields), use_tqdm)
 
     def _run(self, request: PoolingRequest, use_tqdm: bool) -> list[PoolingRequestOutput]:
-        """Tokenize (truncation, its side, upstream's padding; the leading `prompt_len`
-        tokens marked as a sentence-transformers prompt), then submit."""
-        processor = self.llm_engine.processor
-        tokenized = processor.pad(processor.tokenize_many(
-            list(request.prompts), request.truncate_prompt_tokens, request.truncation_side),
-            request.padding)
-        if request.prompt_len is not None:
-            tokenized = [dataclasses.replace(t, prompt_len=request.prompt_len)
-                         for t in tokenized]
-        return self._submit(tokenized, request, use_tqdm)
-
-    def _submit(self, tokenized: list[TokenizedPrompt], request: PoolingRequest,
-                use_tqdm: bool) -> list[PoolingRequestOutput]:
-        """Verify each prompt's params (once: the engine takes verified params as they
-        are), add every prompt, step the engine until all are done."""
+        """The shared front's steps (vllm.engine.request_front): verify each distinct
+        PoolingParams once, tokenize as the request says; then add every prompt and step
+        the engine until all are done."""
+        if not request.prompts:
+            return []
         engine = self.llm_engine
-        verified = []
-        for p in request.params:
-            p = p.clone() if p is not None else PoolingParams()
-            p.verified = False  # a caller's params may have been verified for another model
-            p.verify(request.task, engine.model_config)
-            verified.append(p)
+        request = request_front.verify_all(request, engine.model_config)
+        tokenized = request_front.tokenize_request(engine.processor, request)
         loras = _per_prompt(request.lora, LoRARequest, len(tokenized), "lora_request entries")
         ids = [str(next(self._ids)) for _ in tokenized]
         try:
-            for rid, prompt, p, adapter in zip(ids, tokenized, verified, loras):
+            for rid, prompt, p, adapter in zip(ids, tokenized, request_front.per_prompt(request),
+                                               loras):
                 engine.add_request(rid, prompt, p, adapter)
             return self._drain(ids, use_tqdm)
         except BaseException:

@@ -50,15 +50,13 @@ class LoRAManager:
         self._slots = itertools.count(1)
 
     @classmethod
-    def for_runner(cls, vllm_config, model: nn.Module, pooler, device) -> "LoRAManager":
-        """The manager of a model runner's model; per-adapter heads replace the pooler's
-        head (ALL/STEP pooling runs the head once per request)."""
+    def for_runner(cls, vllm_config, model: nn.Module, device) -> "LoRAManager":
+        """The manager of a model runner's model. Its `heads` (the task head with a copy
+        per adapter that saved one) are for the runner's pooling component to run
+        (ALL/STEP pooling runs the head once per request)."""
         mc = vllm_config.model_config
-        manager = cls(model, vllm_config.lora_config, device, mc.dtype,
-                      mc.pooler_config.pooling_type in ("ALL", "STEP"))
-        if manager.heads is not None:
-            pooler.head = manager.heads
-        return manager
+        return cls(model, vllm_config.lora_config, device, mc.dtype,
+                   mc.pooler_config.pooling_type in ("ALL", "STEP"))
 
     # ----- adapters --------------------------------------------------------------------
     def add(self, request: LoRARequest) -> str:

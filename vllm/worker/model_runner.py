@@ -34,7 +34,11 @@ class ModelRunner:
         self.platform = platform_for(mc.device)
         self.device = self.platform.device
         self.platform.prepare(mc.dtype)
-        self.model = build_model(mc, self.platform)
+        # Steps may hold requests reading cached keys (a platform may pick its backend by it).
+        readers = vllm_config.uses_kv_cache and bool(
+            vllm_config.cache_config.enable_prefix_caching or
+            vllm_config.scheduler_config.enable_chunked_prefill)
+        self.model = build_model(mc, self.platform, readers)
         reason = getattr(self.model.model, "whole_reason", None)
         if reason is not None and not mc.whole_sequences:  # found by the load-time probe
             vllm_config.run_whole_sequences(reason)
@@ -55,6 +59,8 @@ class ModelRunner:
         self.tracker = self._pool_tracker()
         self.pooling = StepPooling(self.pooler, self.tracker, self.pool_prompt, self.device)
         self.lora = self._lora_manager()
+        if self.lora is not None and self.lora.heads is not None:
+            self.pooling.use_heads(self.lora.heads)
 
     # ----- KV cache -------------------------------------------------------------------
     def _blocks_per_prompt(self) -> int:
@@ -150,11 +156,11 @@ class ModelRunner:
         return self.tracker.key(len(prompt.prompt_token_ids), prompt.prompt_len)
 
     def _lora_manager(self):
-        """The LoRA adapters (enable_lora), their heads in the pooler; else None."""
+        """The LoRA adapters (enable_lora), else None."""
         if self.config.lora_config is None:
             return None
         from vllm.lora.manager import LoRAManager
-        return LoRAManager.for_runner(self.config, self.model, self.pooler, self.device)
+        return LoRAManager.for_runner(self.config, self.model, self.device)
 
     def _begin_lora(self, out: SchedulerOutput, meta: AttentionMetadata) -> None:
         """This step's rows per adapter, for every LoRA projection and head."""

@@ -5,8 +5,9 @@ pool one row per finishing request; the rest read every row) and which requests 
 after it, `pool` turns the hidden states into each finishing request's output. Where the
 pooling runs across chunks and cached blocks (`PoolTracker`: CLS / MEAN / ALL / STEP with
 chunked prefill or prefix caching asked for), the tracker does both; otherwise the
-`Pooler` runs on the step's own rows. Heads (and their per-adapter copies, which the LoRA
-manager puts in the pooler) run inside the `Pooler` either way.
+`Pooler` runs on the step's own rows. The task head runs inside the `Pooler` either way;
+with LoRA adapters it is the adapters' heads (`use_heads`: each row through its request's
+adapter's copy of the head), which this component takes from the LoRA manager.
 """
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ class StepPooling:
         self.tracker = tracker
         self.pool_prompt = pool_prompt  # False: MEAN/CLS leave out a sentence-transformers prompt
         self.device = device
+
+    def use_heads(self, heads: torch.nn.Module) -> None:
+        """Run `heads` (vllm.lora.layers.AdapterHeads: the base head plus a copy per
+        adapter that saved one) as the task head, in the pooler and the tracker alike."""
+        self.pooler.head = heads
 
     def plan(self, out: SchedulerOutput, meta: AttentionMetadata) -> PoolPlan:
         """The step's pooling plan (requests laid out as in `meta`)."""

@@ -1,7 +1,6 @@
 """POST /v1/embeddings, /pooling and /classify: one engine request per input."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Optional
 
@@ -9,13 +8,15 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from vllm.engine.pooling_request import PoolingRequest, tokenization_fields
 from vllm.entrypoints.openai.protocol import (ClassificationData, ClassificationRequest,
                                               ClassificationResponse, EmbeddingRequest,
                                               EmbeddingResponse, EmbeddingResponseData,
                                               LateChunkedEmbeddingData,
                                               LateChunkedEmbeddingResponse,
                                               TokenEmbeddingData, TokenEmbeddingResponse,
-                                              PoolingRequest, PoolingResponse,
+                                              PoolingRequest as PoolingBody,
+                                              PoolingResponse,
                                               PoolingResponseData, UsageInfo)
 from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_json_value
 from vllm.entrypoints.openai.errors import bad_request
@@ -47,46 +48,27 @@ class ServingPooling:
         self._calibration: Optional[Calibration] = None  # the engine's, read on first need
 
     async def encode(self, http: Request, route: str, body: Any, prefix: str,
-                      **param_fields: Any) -> tuple[str, str, list[Any]]:
-        """Run `body`'s inputs (prompt applied, tokenized, truncated) as `route`'s task:
-        (the model name to answer with, the response id, the outputs)."""
+                     **param_fields: Any) -> tuple[str, str, list[Any]]:
+        """Run `body`'s inputs as `route`'s task through the shared front (prompt applied,
+        tokenized, truncated): (the model name to answer with, the response id, the
+        outputs)."""
         ctx = self.ctx
-        model = ctx.check_model(body.model)
+        model, adapter = ctx.resolve_model(body.model)
         task = ctx.task_for(route)
         if getattr(body, "task", None) is not None:  # /pooling may name the task
             task = ctx.check_task(body.task)
         elif route == "/pooling":
             task = ctx.model_config.encode_task
         params = ctx.make_params(task, **param_fields)
-        raw_inputs = ctx.input_prompts(body.input) if getattr(body, "messages", None) is None \
+        inputs = ctx.input_prompts(body.input) if getattr(body, "messages", None) is None \
             else await message_prompts(ctx, body.messages, body.add_generation_prompt)
-        inputs = self._with_prompt(body, raw_inputs, task)
-        prompts = await ctx.tokenize(inputs, body.truncate_prompt_tokens,
-                                     body.add_special_tokens,
-                                     side=getattr(body, "truncation_side", None),
-                                     padding=getattr(body, "padding", None))
-        if inputs is not raw_inputs:  # a prompt applied: say how many tokens it is
-            n = await ctx.engine.run_in_tokenizer_thread(  # that thread's tokenizer
-                ctx.engine.processor.prompt_len, raw_inputs,
-                getattr(body, "prompt_name", None), getattr(body, "prompt", None),
-                task == PoolingTask.EMBED)
-            prompts = [dataclasses.replace(p, prompt_len=n) for p in prompts]
+        request = PoolingRequest.of(inputs, task, params, lora=adapter,
+                                   **tokenization_fields(body))
+        request = await ctx.apply_prompt(request, getattr(body, "prompt_name", None),
+                                         getattr(body, "prompt", None),
+                                         default=task == PoolingTask.EMBED)
         response_id = ctx.response_id(http, prefix, body)
-        outputs = await ctx.run(http, prompts, params, response_id,
-                                salt=getattr(body, "cache_salt", None))
-        return model, response_id, outputs
-
-    def _with_prompt(self, body: Any, inputs: list[Any], task: str) -> list[Any]:
-        """Apply `prompt_name` / `prompt` (and, for embeddings, the model's default
-        prompt) to the inputs; a bad name is a 400 listing the known ones."""
-        name, raw = getattr(body, "prompt_name", None), getattr(body, "prompt", None)
-        if task != PoolingTask.EMBED and name is None and raw is None:
-            return inputs
-        try:
-            return self.ctx.engine.processor.with_prompt(inputs, name, raw,
-                                                         default=task == PoolingTask.EMBED)
-        except ValueError as exc:
-            raise bad_request(str(exc), "prompt_name" if name else "prompt") from exc
+        return model, response_id, await ctx.submit(http, request, response_id)
 
     def _options(self, body: EmbeddingRequest) -> EmbedOptions:
         """The request's output options, checked as `LLM.embed` checks them, plus the
@@ -158,7 +140,7 @@ class ServingPooling:
         token vectors pooled per chunk, with the chunk ranges."""
         self._check_late_chunking(body)
         ctx = self.ctx
-        model = ctx.check_model(body.model)
+        model, adapter = ctx.resolve_model(body.model)
         if ctx.task_for("/v1/embeddings") != PoolingTask.TOKEN_EMBED:
             raise bad_request("late_chunking_params needs an engine running token_embed "
                               "(--pooler-config '{\"task\": \"token_embed\"}').",
@@ -169,10 +151,10 @@ class ServingPooling:
         params, normalize = wanted.clone(), bool(wanted.normalize)
         params.normalize = False  # the chunk means are normalised, not the tokens
         texts = ctx.input_prompts(body.input)
-        prompts = await ctx.tokenize(texts, None, True)
         rid = ctx.response_id(http, "embd", body)
-        outputs = await ctx.run(http, prompts, params, rid,
-                                salt=getattr(body, "cache_salt", None))
+        outputs = await ctx.submit(http, PoolingRequest.of(
+            texts, PoolingTask.TOKEN_EMBED, params, lora=adapter,
+            cache_salt=getattr(body, "cache_salt", None)), rid)
         tokenizer = ctx.engine.processor.tokenizer
         try:
             for o, text in zip(outputs, texts):
@@ -218,7 +200,7 @@ class ServingPooling:
             id=rid, model=model, data=[], usage=UsageInfo.of(prompt_tokens(outputs))),
             data, len(values))
 
-    async def pooling(self, body: PoolingRequest, http: Request) -> Response:
+    async def pooling(self, body: PoolingBody, http: Request) -> Response:
         # Parameters that belong to another task (e.g. dimensions) are refused by name.
         if body.precision is not None or body.ranges is not None:
             raise bad_request("precision applies to /v1/embeddings only.", "precision")
@@ -274,6 +256,6 @@ def make_router(serving: ServingPooling) -> APIRouter:
     router = APIRouter()
     post = serving.ctx.post
     post(router, "/v1/embeddings", EmbeddingRequest, serving.embeddings)
-    post(router, "/pooling", PoolingRequest, serving.pooling)
+    post(router, "/pooling", PoolingBody, serving.pooling)
     post(router, "/classify", ClassificationRequest, serving.classify)
     return router

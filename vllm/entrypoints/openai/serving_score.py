@@ -12,7 +12,8 @@ from typing import Any, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from vllm.engine.windows import pair_windows, text_windows
+from vllm.engine.pooling_request import PoolingRequest
+from vllm.engine.windows import best_of_windows, pair_windows, text_windows
 from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, RerankRequest,
                                               RerankResponse,
@@ -52,7 +53,8 @@ class ServingScores:
 
     async def _scores(self, http: Request, route: str, text_1: list[str], text_2: list[str],
                       body: LongInputFields, activation: Optional[bool],
-                      use_activation: Optional[bool], base_id: str) -> tuple[list[float], int]:
+                      use_activation: Optional[bool], base_id: str,
+                      adapter: Any = None) -> tuple[list[float], int]:
         """Scores in pair order, plus the prompt tokens processed."""
         ctx = self.ctx
         ctx.task_for(route)
@@ -70,10 +72,12 @@ class ServingScores:
             if cap_q:
                 text_1 = await ctx.engine.run_in_tokenizer_thread(
                     lambda: [processor.cap_text(t, cap_q, side) for t in text_1])
-            prompts = await ctx.tokenize_pairs([(text_1[i], text_2[j]) for i, j in pairs],
-                                               truncate, side, cap_d, body.template_kwargs())
-            outputs = await ctx.run(http, prompts, params, base_id, param=None,
-                                    salt=body.cache_salt)
+            outputs = await ctx.submit(http, PoolingRequest.of(
+                [(text_1[i], text_2[j]) for i, j in pairs], PoolingTask.SCORE, params,
+                lora=adapter, pairs=True, truncate_prompt_tokens=truncate,
+                truncation_side=side, max_tokens_2=cap_d,
+                chat_template_kwargs=body.template_kwargs(), cache_salt=body.cache_salt),
+                base_id, param=None)
             scores = [float(o.outputs.data.reshape(-1)[0]) for o in outputs]
             return scores, prompt_tokens(outputs)
         if body.template_kwargs() is not None:
@@ -84,13 +88,17 @@ class ServingScores:
             raise bad_request("activation only applies to cross-encoder models; this model "
                               "scores by cosine similarity of embeddings.", "activation")
         multi = ctx.model_config.late_interaction  # ColBERT: MaxSim of token vectors
-        params = ctx.make_params(PoolingTask.TOKEN_EMBED if multi else PoolingTask.EMBED)
-        prompts = await ctx.tokenize(text_1, processor.cap_as_truncation(cap_q, truncate),
-                                     param=None, side=side)
-        prompts += await ctx.tokenize(text_2, processor.cap_as_truncation(cap_d, truncate),
-                                      param=None, side=side)
-        outputs = await ctx.run(http, prompts, params, base_id, param=None,
-                                salt=body.cache_salt)
+        task = PoolingTask.TOKEN_EMBED if multi else PoolingTask.EMBED
+        params = ctx.make_params(task)
+        sides = [PoolingRequest.of(texts, task, params, lora=adapter, truncation_side=side,
+                                  cache_salt=body.cache_salt,
+                                  truncate_prompt_tokens=processor.cap_as_truncation(cap,
+                                                                                     truncate))
+                 for texts, cap in ((text_1, cap_q), (text_2, cap_d))]
+        prompts = await ctx.tokenize(sides[0], None) + await ctx.tokenize(sides[1], None)
+        outputs = await ctx.run(http, PoolingRequest.of(
+            text_1 + text_2, task, params, lora=adapter, cache_salt=body.cache_salt),
+            prompts, base_id, param=None)
         first, second = outputs[:len(text_1)], outputs[len(text_1):]
         if multi:
             scores = [float(maxsim(first[i].outputs.data, second[j].outputs.data))
@@ -101,8 +109,8 @@ class ServingScores:
         return scores, prompt_tokens(outputs)
 
     async def _window_scores(self, http: Request, route: str, query: str, docs: list[str],
-                             body: RerankRequest, windows: int,
-                             base_id: str) -> tuple[list[float], int]:
+                             body: RerankRequest, windows: int, base_id: str,
+                             adapter: Any = None) -> tuple[list[float], int]:
         """Each document's score: the best of its (query, window) scores (cross-encoder) or
         of its windows' cosines with the query (embedding model)."""
         ctx = self.ctx
@@ -130,51 +138,46 @@ class ServingScores:
             raise bad_request(str(exc), "query") from exc
         flat = [p for group in groups for p in group]
         ctx.limits.check_tokens(flat, None)
-        if cross:
-            params = ctx.make_params(PoolingTask.SCORE, activation=body.activation,
-                                     use_activation=body.use_activation)
-        else:
-            params = ctx.make_params(PoolingTask.EMBED)
-        outputs = await self._run_prefix_first(http, flat, params, base_id, cross,
-                                               body.cache_salt)
+        task = PoolingTask.SCORE if cross else PoolingTask.EMBED
+        params = ctx.make_params(task, activation=body.activation,
+                                 use_activation=body.use_activation) if cross else \
+            ctx.make_params(task)
+        request = PoolingRequest.of(flat, task, params, lora=adapter, cache_salt=body.cache_salt)
+        outputs = await self._run_prefix_first(http, request, flat, base_id, cross)
         vectors = [o.outputs.data.reshape(-1) for o in outputs]
-        if not cross:
-            query_vec, vectors = vectors[0], vectors[1:]
+        if cross:
+            per_window = [float(v[0]) for v in vectors]
+        else:  # the query's vector first, then the documents' windows
+            per_window = [float(cosine_score(vectors[0], v)) for v in vectors[1:]]
             groups = groups[1:]
-        scores, start = [], 0
-        for group in groups:
-            window = vectors[start:start + len(group)]
-            start += len(group)
-            scores.append(max(float(v[0]) if cross else float(cosine_score(query_vec, v))
-                              for v in window))
-        return scores, prompt_tokens(outputs)
+        return best_of_windows([len(g) for g in groups], per_window), prompt_tokens(outputs)
 
-    async def _run_prefix_first(self, http: Request, prompts: list[Any], params: Any,
-                                base_id: str, shared_prefix: bool,
-                                salt: Optional[str] = None) -> list[Any]:
+    async def _run_prefix_first(self, http: Request, request: PoolingRequest,
+                                prompts: list[Any], base_id: str,
+                                shared_prefix: bool) -> list[Any]:
         """With prefix caching, the first (query, window) pair runs alone so that every
         other window finds the query's blocks cached instead of computing them alongside."""
         ctx = self.ctx
         cached = ctx.engine.vllm_config.cache_config.enable_prefix_caching
         if not (shared_prefix and cached and len(prompts) > 1):
-            return await ctx.run(http, prompts, params, base_id, param=None, salt=salt)
-        first = await ctx.run(http, prompts[:1], params, base_id, param=None, salt=salt)
-        return first + await ctx.run(http, prompts[1:], params, base_id, param=None,
-                                     salt=salt)
+            return await ctx.run(http, request, prompts, base_id, param=None)
+        head, rest = request.split(1)
+        first = await ctx.run(http, head, prompts[:1], base_id, param=None)
+        return first + await ctx.run(http, rest, prompts[1:], base_id, param=None)
 
     async def score(self, body: ScoreRequest, http: Request, route: str) -> ScoreResponse:
-        model = self.ctx.check_model(body.model)
+        model, adapter = self.ctx.resolve_model(body.model)
         text_1 = [body.text_1] if isinstance(body.text_1, (str, dict)) else list(body.text_1)
         text_2 = [body.text_2] if isinstance(body.text_2, (str, dict)) else list(body.text_2)
         rid = self.ctx.response_id(http, "score", body)
         scores, tokens = await self._scores(http, route, text_1, text_2, body, body.activation,
-                                            body.use_activation, rid)
+                                            body.use_activation, rid, adapter)
         return ScoreResponse(id=rid, model=model, usage=UsageInfo.of(tokens),
                              data=[ScoreResponseData(index=i, score=s)
                                    for i, s in enumerate(scores)])
 
     async def rerank(self, body: RerankRequest, http: Request, route: str) -> RerankResponse:
-        model = self.ctx.check_model(body.model)
+        model, adapter = self.ctx.resolve_model(body.model)
         if not body.documents:
             raise bad_request("documents must not be empty.", "documents")
         rid = self.ctx.response_id(http, "rerank", body)
@@ -189,11 +192,12 @@ class ServingScores:
                               "items.", "max_chunks_per_doc")
         if windows:
             scores, tokens = await self._window_scores(http, route, body.query,
-                                                       list(body.documents), body, windows, rid)
+                                                       list(body.documents), body, windows, rid,
+                                                       adapter)
         else:
             scores, tokens = await self._scores(http, route, [body.query],
                                                 list(body.documents), body, body.activation,
-                                                body.use_activation, rid)
+                                                body.use_activation, rid, adapter)
         order = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
         if 0 < body.top_n < len(order):
             order = order[:body.top_n]

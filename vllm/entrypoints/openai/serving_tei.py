@@ -10,7 +10,9 @@ from typing import Any, NamedTuple, Optional
 
 from fastapi import Request
 
-from vllm.entrypoints.openai.protocol import (EmbeddingRequest, PoolingRequest,
+from vllm.engine.pooling_request import PoolingRequest
+from vllm.entrypoints.openai.protocol import (EmbeddingRequest,
+                                              PoolingRequest as PoolingBody,
                                               RerankRequest as VllmRerankRequest)
 from vllm.entrypoints.openai.serving_pooling import ServingPooling, as_list, prompt_tokens
 from vllm.entrypoints.openai.serving_score import ServingScores
@@ -78,7 +80,7 @@ class ServingTei:
         if any(isinstance(x, list) for x in items) and any(isinstance(x, str) for x in items):
             raise TeiError("Validation", "`inputs` mixes texts and token ids; send one kind")
         k, side = self.truncation(body)
-        kind = PoolingRequest if "task" in fields else EmbeddingRequest
+        kind = PoolingBody if "task" in fields else EmbeddingRequest
         return kind(input=items, truncate_prompt_tokens=k, truncation_side=side,
                     prompt_name=getattr(body, "prompt_name", None), **fields)
 
@@ -142,18 +144,18 @@ class ServingTei:
         texts = [i for i, item in enumerate(items) if len(item) == 1]
         pairs = [i for i, item in enumerate(items) if len(item) == 2]
         prompts: list[Any] = [None] * len(items)
-        if texts:
-            done = await ctx.tokenize([items[i][0] for i in texts], k, param="inputs",
-                                      side=side)
-            for i, p in zip(texts, done):
-                prompts[i] = p
-        if pairs:
-            done = await ctx.tokenize_pairs([(items[i][0], items[i][1]) for i in pairs],
-                                            k, side)
-            for i, p in zip(pairs, done):
-                prompts[i] = p
-        outputs = await ctx.run(http, prompts, params, ctx.response_id(http, "predict"),
-                                param="inputs")
+        for indices, request in (
+                (texts, PoolingRequest.of([items[i][0] for i in texts], task, params,
+                                         truncate_prompt_tokens=k, truncation_side=side)),
+                (pairs, PoolingRequest.of([tuple(items[i]) for i in pairs], task, params,
+                                         pairs=True, truncate_prompt_tokens=k,
+                                         truncation_side=side))):
+            if indices:
+                done = await ctx.tokenize(request, "inputs" if not request.pairs else None)
+                for i, p in zip(indices, done):
+                    prompts[i] = p
+        outputs = await ctx.run(http, PoolingRequest.of(items, task, params), prompts,
+                                ctx.response_id(http, "predict"), param="inputs")
         labels = ctx.model_config.id2label
         ranked = [sorted(({"score": s, "label": labels.get(j, f"LABEL_{j}")}
                           for j, s in enumerate(as_list(o.outputs.data))),
