@@ -99,6 +99,18 @@ def test_both_engines_are_engine_clients():
         DPAsyncLLM.check_lora(None, None)
 
 
+def test_the_offline_engine_is_an_engine_core():
+    """The offline LLM and AsyncLLM submit to the synchronous EngineCore protocol, which
+    LLMEngine implements member by member."""
+    from vllm.engine.llm_engine import LLMEngine
+    from vllm.engine.protocol import EngineCore
+    members = [m for m in dir(EngineCore) if not m.startswith("_")]
+    members += list(EngineCore.__annotations__)
+    missing = [m for m in members if m not in {"model_config", "processor"}
+               and not hasattr(LLMEngine, m)]
+    assert missing == []
+
+
 def test_a_single_engine_answers_the_protocol(minilm_dir):
     import asyncio
     engine = _engine(minilm_dir)

@@ -1,6 +1,11 @@
-"""What a request front may ask of an engine: `EngineClient`, one protocol that `AsyncLLM`
-(one engine on a thread) and `vllm.scaleout.DPAsyncLLM` (replicas behind a router) both
-implement, so the server types its engine and never probes it with getattr/hasattr.
+"""What a request front may ask of an engine, in two protocols.
+
+`EngineCore` is the synchronous engine that computes: `LLMEngine` implements it, the
+offline `LLM` submits to it and steps it, and `AsyncLLM` drives one on its thread.
+`EngineClient` is the asynchronous front of one: `AsyncLLM` (one engine on a thread) and
+`vllm.scaleout.DPAsyncLLM` (replicas behind a router) both implement it, so the server types
+its engine and never probes it with getattr/hasattr. Both fronts build the same
+`PoolingRequest` and prepare it with vllm.engine.request_front before submitting.
 
 The parts one kind has and the other lacks are members of both with a plain answer:
 `health_report()` is None on one engine, `refresh_stats()` a no-op there, and
@@ -15,6 +20,36 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union, 
     runtime_checkable
 
 from vllm.engine.stats import EngineStats
+
+
+@runtime_checkable
+class EngineCore(Protocol):
+    model_config: Any
+    processor: Any           # the InputProcessor that tokenizes for this engine
+
+    @property
+    def stats(self) -> EngineStats: ...
+
+    def verify_task(self, task: str) -> None:
+        """ValueError when the model does not serve `task` (naming what it serves)."""
+        ...
+
+    def add_request(self, request_id: str, prompt: Any, params: Any,
+                    lora_request: Any = None) -> None:
+        """Queue one tokenized prompt; ValueError for what the engine refuses."""
+        ...
+
+    def abort_request(self, request_ids: list[str]) -> None: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[Any]:
+        """Run one step; the `PoolingRequestOutput`s of the requests it finished."""
+        ...
+
+    def reset_stats(self) -> None: ...
+
+    def reset_prefix_cache(self) -> None: ...
 
 
 @runtime_checkable

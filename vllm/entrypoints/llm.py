@@ -12,6 +12,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.padding import padding_kwarg
 from vllm.engine.pooling_request import PoolingRequest
+from vllm.engine.protocol import EngineCore
 from vllm.engine import request_front
 from vllm.engine.processor import PromptType
 from vllm.transformers_utils.score_template import load_score_template
@@ -245,7 +246,7 @@ class LLM:
         the engine until all are done."""
         if not request.prompts:
             return []
-        engine = self.llm_engine
+        engine: EngineCore = self.llm_engine
         request = request_front.verify_all(request, engine.model_config)
         tokenized = request_front.tokenize_request(engine.processor, request)
         loras = _per_prompt(request.lora, LoRARequest, len(tokenized), "lora_request entries")
