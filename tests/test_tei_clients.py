@@ -76,3 +76,19 @@ def test_text_classification_equals_classify(classifier3, hf_client_factory):
         assert elements[0].label == ref["label"]
         for element in elements:
             assert abs(element.score - probs[element.label]) < 1e-4
+
+
+def test_llamaindex_tei_embeddings_equal_sentence_transformers(minilm, st_minilm):
+    """LlamaIndex's `TextEmbeddingsInference` embedding class, with its defaults (POST /embed
+    with `truncate: true`, batches of 10), sync and async, for texts and queries."""
+    import asyncio
+
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+    client = TextEmbeddingsInference(model_name="minilm", base_url=minilm.url)
+    texts = TEXTS * 5  # two batches of the client's 10
+    got = client.get_text_embedding_batch(texts)
+    ref = st_minilm.encode(texts, convert_to_numpy=True)
+    assert len(got) == len(texts)
+    assert min(_cos(g, r) for g, r in zip(got, ref)) >= 0.9999
+    assert _cos(client.get_query_embedding(TEXTS[1]), ref[1]) >= 0.9999
+    assert _cos(asyncio.run(client.aget_text_embedding(TEXTS[2])), ref[2]) >= 0.9999
