@@ -181,3 +181,29 @@ def test_llama_bidirectional_reranker_served_as_embedder(nemotron_rerank_dir):
     for out in llm.embed(prompts_of(nemotron_rerank_dir, (6, 50)), use_tqdm=False):
         ref = llama_bidirectional_states(nemotron_rerank_dir, out.prompt_token_ids).mean(0)
         check_embedding(out.outputs.embedding, torch.nn.functional.normalize(ref, dim=-1))
+
+
+# nemotron-rerank's documented prompt ("question:{query} \n \n passage:{passage}"), written as
+# a score template (upstream 0.33 ships the same layout as an example template).
+NEMOTRON_TEMPLATE = (
+    "question:{{ (messages | selectattr('role', 'equalto', 'query') | first).content }}"
+    " \n \n passage:"
+    "{{ (messages | selectattr('role', 'equalto', 'document') | first).content }}")
+
+
+def test_nemotron_rerank_template_equals_model_card(nemotron_rerank_dir, tmp_path):
+    """Scored through the template (offline and /score, /rerank via the same front), each
+    pair equals the model card's usage: tokenizer(f"question:{q} \\n \\n passage:{p}") with
+    its special tokens, the bidirectional backbone, the mean state, the score head, sigmoid."""
+    import transformers
+    query = "how much protein should a female eat"
+    docs = ["the average requirement of protein for women is 46 grams per day",
+            "the highest point of a mountain"]
+    template = tmp_path / "nemotron-rerank.jinja"
+    template.write_text(NEMOTRON_TEMPLATE)
+    llm = LLM(nemotron_rerank_dir, dtype="float32", chat_template=str(template))
+    tok = transformers.AutoTokenizer.from_pretrained(nemotron_rerank_dir)
+    for out, doc in zip(llm.score(query, docs, use_tqdm=False), docs):
+        ids = tok(f"question:{query} \n \n passage:{doc}")["input_ids"]
+        logit = llama_bidirectional_states(nemotron_rerank_dir, ids, head=True)
+        assert abs(out.outputs.score - torch.sigmoid(logit).item()) <= ATOL
