@@ -107,6 +107,24 @@ def write_checkpoint(path, cfg: dict, seed: int = mf.SEED, prefix: str = "",
     return path
 
 
+def write_mean_st_files(path, hidden: int, prompts: dict[str, str],
+                        transformer: str = mf.ST_TRANSFORMER) -> None:
+    """sentence-transformers files of a MEAN-pooled, normalised embedder with `prompts`
+    (nomic-embed-text's and jina-embeddings-v3's layout; `transformer`: module 0's type)."""
+    path = pathlib.Path(path)
+    pooling = {"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": True,
+               "pooling_mode_cls_token": False, "pooling_mode_lasttoken": False}
+    modules = [{"idx": 0, "name": "0", "path": "", "type": transformer},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": mf.ST_POOLING},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": mf.ST_NORMALIZE}]
+    for sub in ("1_Pooling", "2_Normalize"):
+        (path / sub).mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": prompts, "default_prompt_name": None}))
+
+
 # --------------------------------------------------------------------------- reference
 
 def _lin(w: dict, name: str, x: torch.Tensor) -> torch.Tensor:

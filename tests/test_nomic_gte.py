@@ -33,17 +33,8 @@ def _close(got, ref: torch.Tensor) -> None:
 def nomic_dir(tmp_path_factory) -> str:
     """nomic-embed-text's layout: MEAN pooling + Normalize, search_query/document prompts."""
     path = rm.write_checkpoint(tmp_path_factory.mktemp("nomic") / "m", rm.nomic_config())
-    pooling = {"word_embedding_dimension": rm.HIDDEN, "pooling_mode_mean_tokens": True,
-               "pooling_mode_cls_token": False, "pooling_mode_lasttoken": False}
-    modules = [{"idx": 0, "name": "0", "path": "", "type": mf.ST_TRANSFORMER},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": mf.ST_POOLING},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": mf.ST_NORMALIZE}]
-    for sub in ("1_Pooling", "2_Normalize"):
-        (path / sub).mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    (path / "modules.json").write_text(json.dumps(modules))
+    rm.write_mean_st_files(path, rm.HIDDEN, PROMPTS)
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
-    (path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
     return str(path)
 
 

@@ -364,7 +364,27 @@ class ModelConfig(ModelTasks):
 
     @property
     def prompts(self) -> dict[str, str]:
-        return dict(self.st_config.prompts) if self.st_config else {}
+        """sentence-transformers' prompts by name; a model with task adapters also knows
+        each task by name (its config's `task_instructions` text unless ST says else)."""
+        st = dict(self.st_config.prompts) if self.st_config else {}
+        if not self.task_adapters:
+            return st
+        text = getattr(self.hf_config, "task_instructions", None) or {}
+        return {**{task: str(text.get(task, "")) for task in self.task_adapters}, **st}
+
+    @property
+    def task_adapters(self) -> tuple[str, ...]:
+        """The checkpoint's per-task LoRA adapters (jina-embeddings-v3's
+        `lora_adaptations`), chosen per request by its prompt name; empty for others."""
+        if not self.arch.base.task_adapters:
+            return ()
+        return tuple(getattr(self.hf_config, "lora_adaptations", None) or ())
+
+    @property
+    def default_task_adapter(self) -> Optional[str]:
+        """The adapter of a request that names no task: the last one (text-matching in
+        jina-embeddings-v3's order), the one upstream merges into the weights."""
+        return self.task_adapters[-1] if self.task_adapters else None
 
     @property
     def default_prompt_name(self) -> Optional[str]:

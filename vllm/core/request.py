@@ -26,8 +26,9 @@ class Request:
     pooling_params: Any = None
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None
-    # The LoRA adapter's identity (its id and content digest), None for the base model: it
-    # enters the block hashes beside the cache salt, so adapters never share cached K/V.
+    # The LoRA adapter's identity (its id and content digest; a checkpoint's task adapter:
+    # `task:<name>`), None for the base model: it enters the block hashes beside the cache
+    # salt, so adapters never share cached K/V.
     lora_key: Optional[str] = None
     # Leading tokens that are a known shared run (a sentence-transformers prompt): the KV
     # cache keeps their partial last block too; MEAN/CLS pooling may exclude them.

@@ -56,7 +56,8 @@ class LLMEngine:
         chunked = task == PoolingTask.EMBED and bool(self.model_config.pooler_config
                                            .enable_chunked_processing)
         self.processor.check(prompt, chunked)
-        lora_key = self._lora_key(lora_request)
+        lora_key = self._lora_key(lora_request) if lora_request is not None else \
+            self._task_key(prompt)
         if self._dedup.leader_for(request_id,
                                   request_key(prompt, params, lora_key)) is not None:
             self._stats.num_deduplicated += 1
@@ -80,6 +81,12 @@ class LLMEngine:
                              "is not enabled; start the engine with enable_lora=True "
                              "(--enable-lora).")
         return self.runner.lora.add(lora_request)
+
+    def _task_key(self, prompt: TokenizedPrompt) -> Optional[str]:
+        """On a model with task adapters, the key of the task the prompt's name chose (the
+        default task when none): it keys dedup and block hashes as an adapter does."""
+        tasks = self.runner.tasks
+        return None if tasks is None else tasks.key(prompt.task_adapter)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load an adapter now (ValueError if refused); True once loaded."""

@@ -19,14 +19,16 @@ from vllm.tasks import PoolingTask
 @dataclass(frozen=True)
 class Tokenization:
     """How a request's prompts become token ids: truncation (and its side), upstream's
-    `padding`, special tokens, the leading tokens that are a sentence-transformers prompt,
-    the prefix-cache salt; for cross-encoder pairs, the score template's text and fill-ins
-    and the cap on the second text's tokens."""
+    `padding`, special tokens, the leading tokens that are a sentence-transformers prompt
+    (and the task adapter its name chose, on models with task LoRAs), the prefix-cache
+    salt; for cross-encoder pairs, the score template's text and fill-ins and the cap on
+    the second text's tokens."""
     truncate_prompt_tokens: Optional[int] = None
     truncation_side: Optional[str] = None        # "left" | "right" | None (tokenizer's)
     padding: Optional[str] = None                # upstream's (vllm.engine.padding)
     add_special_tokens: bool = True
     prompt_len: Optional[int] = None             # leading tokens that are an ST prompt
+    task_adapter: Optional[str] = None           # the task LoRA its prompt name chose
     cache_salt: Optional[str] = None             # keeps its cached prefixes apart
     chat_template: Optional[str] = None          # pairs: a score template's text
     chat_template_kwargs: Optional[dict[str, Any]] = None
@@ -78,6 +80,14 @@ class PoolingRequest:
                                     lora=parts[0]),
                 dataclasses.replace(self, prompts=self.prompts[n:], params=self.params[n:],
                                     lora=parts[1]))
+
+    def subset(self, indices: Sequence[int]) -> "PoolingRequest":
+        """The prompts at `indices` (their params and adapters) with the same settings."""
+        lora = self.lora
+        if isinstance(lora, (list, tuple)):
+            lora = [lora[i] for i in indices]
+        return dataclasses.replace(self, prompts=[self.prompts[i] for i in indices],
+                                   params=[self.params[i] for i in indices], lora=lora)
 
     def tokenized_as(self, **changes: Any) -> "PoolingRequest":
         """This request with some of its tokenization fields changed."""

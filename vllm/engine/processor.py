@@ -60,6 +60,7 @@ class TokenizedPrompt:
     token_type_ids: Optional[list[int]] = None
     cache_salt: Optional[str] = None   # separates prefix-cache entries (e.g. per tenant)
     prompt_len: Optional[int] = None   # leading tokens that are a sentence-transformers prompt
+    task_adapter: Optional[str] = None  # the task LoRA its prompt name chose (jina v3)
     # An image prompt's pixels (vllm.multimodal.inputs.ImageInputs); its ids are placeholders
     images: Any = None
 
@@ -78,6 +79,7 @@ class TextPrompt:
     truncation_side: Optional[str] = None
     prompt_len: Optional[int] = None
     cache_salt: Optional[str] = None
+    task_adapter: Optional[str] = None
 
 
 def load_tokenizer(mc: ModelConfig) -> PreTrainedTokenizerBase:
@@ -332,7 +334,8 @@ class InputProcessor(SentenceTransformersPrompts, ImagePromptsMixin):
             for i, result in zip(idx, done):
                 if isinstance(result, TokenizedPrompt):
                     result = dataclasses.replace(result, prompt_len=prompts[i].prompt_len,
-                                                 cache_salt=prompts[i].cache_salt)
+                                                 cache_salt=prompts[i].cache_salt,
+                                                 task_adapter=prompts[i].task_adapter)
                 out[i] = result
         return out  # type: ignore[return-value]
 

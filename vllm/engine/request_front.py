@@ -31,14 +31,17 @@ def apply_prompt(processor: Any, request: PoolingRequest, prompt_name: Optional[
                  prompt: Optional[str] = None, default: bool = False) -> PoolingRequest:
     """`request` with a sentence-transformers prompt before each text: `prompt` (raw), the
     model's prompt named `prompt_name`, else (`default`) its default_prompt_name's, as
-    `SentenceTransformer.encode`; its tokenization marks the prompt's leading tokens.
+    `SentenceTransformer.encode`; its tokenization marks the prompt's leading tokens and,
+    on a model with task adapters, the adapter the name selects (even an empty prompt's).
     ValueError for an unknown name, both given, or a prompt on token-id inputs."""
     raw = list(request.prompts)
     prompts = processor.with_prompt(raw, prompt_name, prompt, default)
+    adapter = processor.task_adapter(prompt_name, prompt, default)
+    marks = {} if adapter is None else {"task_adapter": adapter}
     if prompts is raw:
-        return request
+        return request.tokenized_as(**marks) if marks else request
     n = processor.prompt_len(raw, prompt_name, prompt, default)
-    return dataclasses.replace(request, prompts=prompts).tokenized_as(prompt_len=n)
+    return dataclasses.replace(request, prompts=prompts).tokenized_as(prompt_len=n, **marks)
 
 
 def verified(params: Optional[PoolingParams], task: str, model_config: Any) -> PoolingParams:
@@ -72,8 +75,9 @@ def tokenize(processor: Any, prompts: Sequence[Any], how: Tokenization = Tokeniz
              pairs: bool = False) -> list[TokenizedPrompt]:
     """`prompts` as token ids, as `how` says: cross-encoder pairs in the
     model's pair form or score template, texts in one fast-tokenizer batch call (token ids
-    and prompt dicts one by one), then upstream's padding, the prompt length and the cache
-    salt marked on each. ValueError (with `field` where known) for a prompt it refuses."""
+    and prompt dicts one by one), then upstream's padding, the prompt length, the cache
+    salt and the task adapter marked on each. ValueError (with `field` where known) for a
+    prompt it refuses."""
     k, side = how.truncate_prompt_tokens, how.truncation_side
     if pairs:
         out = [processor.tokenize_score_pair(a, b, k, side, how.max_tokens_2,
@@ -88,7 +92,8 @@ def tokenize(processor: Any, prompts: Sequence[Any], how: Tokenization = Tokeniz
     if how.padding is not None:
         out = processor.pad(out, how.padding)
     marks = {name: value for name, value in (("prompt_len", how.prompt_len),
-                                             ("cache_salt", how.cache_salt))
+                                             ("cache_salt", how.cache_salt),
+                                             ("task_adapter", how.task_adapter))
              if value is not None}
     return [dataclasses.replace(p, **marks) for p in out] if marks else out
 

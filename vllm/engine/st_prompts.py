@@ -43,6 +43,17 @@ class SentenceTransformersPrompts:
             self._prompt_lens[prompt] = len(ids) - int(trailing)
         return self._prompt_lens[prompt]
 
+    def task_adapter(self, prompt_name: Optional[str] = None, prompt: Optional[str] = None,
+                     default: bool = True) -> Optional[str]:
+        """The task LoRA the prompt name selects on a model with task adapters (the
+        default prompt's name when `default` and nothing is named), else None."""
+        adapters = self.mc.task_adapters
+        if not adapters:
+            return None
+        name = prompt_name if prompt_name is not None or prompt is not None or not default \
+            else self.mc.default_prompt_name
+        return name if name in adapters else None
+
     def _resolve_prompt(self, prompts: list[PromptType], prompt_name: Optional[str],
                         prompt: Optional[str], default: bool) -> Optional[str]:
         if prompt is not None and prompt_name is not None:

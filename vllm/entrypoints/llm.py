@@ -86,13 +86,16 @@ class LLM:
 
     def embed(self, prompts: Prompts, truncate_prompt_tokens: Optional[int] = None,
               use_tqdm: bool = True, pooling_params: Params = None, *,
-              truncation_side: Optional[str] = None, prompt_name: Optional[str] = None,
+              truncation_side: Optional[str] = None,
+              prompt_name: Optional[Union[str, Sequence[Optional[str]]]] = None,
               prompt: Optional[str] = None, precision: Optional[str] = None,
               ranges: Any = None, sparse: bool = False,
               **kwargs: Any) -> Union[list[EmbeddingRequestOutput],
                                       list[PoolingRequestOutput]]:
         """Embeddings. `prompt_name` / `prompt`: a sentence-transformers prompt before each
-        text (the model's default_prompt_name applies when neither is given);
+        text (the model's default_prompt_name applies when neither is given); a list of
+        names gives each prompt its own (on jina-embeddings-v3 the name is also the task
+        whose LoRA adapter runs; the prompts still share steps);
         `precision` / `ranges`: `quantize_embeddings`' output types (int8/uint8 need
         ranges, here or from the engine's `embedding_calibration` file); `sparse=True`
         (SPLADE models): each output's `embedding` is {token_id: weight} of the non-zero
@@ -104,14 +107,14 @@ class LLM:
         options = EmbedOptions.of(precision, ranges, sparse)
         options.check(self.llm_engine.model_config)
         tokens = self.llm_engine.model_config.pooling_task == PoolingTask.TOKEN_EMBED
-        request = request_front.apply_prompt(
-            self.llm_engine.processor,
-            self._request(prompts, PoolingTask.TOKEN_EMBED if tokens else PoolingTask.EMBED,
-                          pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
-                          truncation_side=truncation_side, lora=lora, padding=padding),
-            prompt_name, prompt, default=True)
-        request, plans = self._late_chunking(request, options.precision)
-        outs = self._run(request, use_tqdm)
+        request = self._request(prompts, PoolingTask.TOKEN_EMBED if tokens else
+                                PoolingTask.EMBED, pooling_params,
+                                truncate_prompt_tokens=truncate_prompt_tokens,
+                                truncation_side=truncation_side, lora=lora, padding=padding)
+        order, parts = self._prompted(request, prompt_name, prompt)
+        runs = [self._late_chunking(part, options.precision) for part in parts]
+        outs = _in_order(order, self._run([r for r, _ in runs], use_tqdm))
+        plans = _in_order(order, [plan for _, part_plans in runs for plan in part_plans])
         for o, plan in zip(outs, plans):
             if plan is not None:
                 late_chunking.apply(o, plan, self.get_tokenizer())
@@ -180,6 +183,25 @@ class LLM:
                                       truncation_side, lora)
 
     # ----- internals -------------------------------------------------------------------
+    def _prompted(self, request: PoolingRequest, prompt_name: Any,
+                  prompt: Optional[str]) -> tuple[list[int], list[PoolingRequest]]:
+        """(the prompts' indices in run order, the requests to run) after the
+        sentence-transformers prompt step: one request, or with a list of names one per
+        distinct name."""
+        processor = self.llm_engine.processor
+        if not isinstance(prompt_name, (list, tuple)):
+            return list(range(len(request.prompts))), [request_front.apply_prompt(
+                processor, request, prompt_name, prompt, default=True)]
+        if len(prompt_name) != len(request.prompts):
+            raise ValueError(f"Got {len(prompt_name)} prompt_name entries for "
+                             f"{len(request.prompts)} prompts; pass one, or one per prompt.")
+        groups: dict[Optional[str], list[int]] = {}
+        for i, name in enumerate(prompt_name):
+            groups.setdefault(name, []).append(i)
+        return [i for idx in groups.values() for i in idx], [
+            request_front.apply_prompt(processor, request.subset(idx), name, prompt, True)
+            for name, idx in groups.items()]
+
     def _late_chunking(self, request: PoolingRequest,
                        precision: str) -> tuple[PoolingRequest, list]:
         """(the request to run, one LateChunkPlan or None per prompt): prompts whose params
@@ -240,22 +262,28 @@ class LLM:
               **fields: Any) -> list[PoolingRequestOutput]:
         return self._run(self._request(prompts, task, params, **fields), use_tqdm)
 
-    def _run(self, request: PoolingRequest, use_tqdm: bool) -> list[PoolingRequestOutput]:
+    def _run(self, request: Union[PoolingRequest, Sequence[PoolingRequest]],
+             use_tqdm: bool) -> list[PoolingRequestOutput]:
         """The shared front's steps (vllm.engine.request_front): verify each distinct
         PoolingParams once, tokenize as the request says; then add every prompt and step
-        the engine until all are done."""
-        if not request.prompts:
-            return []
+        the engine until all are done. Several requests (one call's prompts under different
+        prompt names) are all added before the first step, so they share steps; their
+        outputs come back one request after the other."""
         engine: EngineCore = self.llm_engine
-        request = request_front.verify_all(request, engine.model_config)
-        tokenized = request_front.tokenize_request(engine.processor, request)
-        loras = _per_prompt(request.lora, LoRARequest, len(tokenized), "lora_request entries")
-        ids = [str(next(self._ids)) for _ in tokenized]
+        ids: list[str] = []
         try:
-            for rid, prompt, p, adapter in zip(ids, tokenized, request_front.per_prompt(request),
-                                               loras):
-                engine.add_request(rid, prompt, p, adapter)
-            return self._drain(ids, use_tqdm)
+            for part in [request] if isinstance(request, PoolingRequest) else request:
+                if not part.prompts:
+                    continue
+                part = request_front.verify_all(part, engine.model_config)
+                tokenized = request_front.tokenize_request(engine.processor, part)
+                loras = _per_prompt(part.lora, LoRARequest, len(tokenized),
+                                    "lora_request entries")
+                for prompt, p, adapter in zip(tokenized, request_front.per_prompt(part),
+                                              loras):
+                    ids.append(str(next(self._ids)))
+                    engine.add_request(ids[-1], prompt, p, adapter)
+            return self._drain(ids, use_tqdm) if ids else []
         except BaseException:
             engine.abort_request(ids)
             raise
@@ -270,6 +298,14 @@ class LLM:
                     done[out.request_id] = out
                     bar.update(1)
         return [done[i] for i in ids]
+
+
+def _in_order(order: list[int], items: list) -> list:
+    """`items`, given in `order` (the original index of each), back in the original order."""
+    out: list = [None] * len(items)
+    for i, item in zip(order, items):
+        out[i] = item
+    return out
 
 
 def _as_list(prompts: Prompts) -> list[PromptType]:

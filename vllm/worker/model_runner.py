@@ -58,6 +58,7 @@ class ModelRunner:
             self._allocate_kv_cache()
         self.tracker = self._pool_tracker()
         self.pooling = StepPooling(self.pooler, self.tracker, self.pool_prompt, self.device)
+        self.tasks = self._task_adapters()  # first: it refuses enable_lora by name
         self.lora = self._lora_manager()
         if self.lora is not None and self.lora.heads is not None:
             self.pooling.use_heads(self.lora.heads)
@@ -162,10 +163,18 @@ class ModelRunner:
         from vllm.lora.manager import LoRAManager
         return LoRAManager.for_runner(self.config, self.model, self.device)
 
+    def _task_adapters(self):
+        """The checkpoint's own per-task LoRAs (jina-embeddings-v3), else None."""
+        if not self.config.model_config.task_adapters:
+            return None
+        from vllm.lora.task_adapters import TaskAdapters
+        return TaskAdapters.for_runner(self.config, self.model.model, self.device)
+
     def _begin_lora(self, out: SchedulerOutput, meta: AttentionMetadata) -> None:
-        """This step's rows per adapter, for every LoRA projection and head."""
-        if self.lora is not None:
-            self.lora.begin_step(out.scheduled, meta)
+        """This step's rows per adapter (or task), for every LoRA projection and head."""
+        for adapters in (self.lora, self.tasks):
+            if adapters is not None:
+                adapters.begin_step(out.scheduled, meta)
 
     # ----- one step -------------------------------------------------------------------
     @torch.inference_mode()
@@ -173,12 +182,13 @@ class ModelRunner:
         """Run the scheduled tokens; return pooled outputs of requests that finished."""
         if not out.scheduled:
             return {}
-        if self.lora is None:
+        adapters = self.lora or self.tasks  # never both (TaskAdapters refuses enable_lora)
+        if adapters is None:
             return self._execute(out)
         try:
             return self._execute(out)
         finally:
-            self.lora.end_step()
+            adapters.end_step()
 
     def _execute(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
         self._copy_blocks(out)

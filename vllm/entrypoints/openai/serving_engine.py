@@ -255,8 +255,8 @@ class ServingContext:
         if not request.pairs and how.add_special_tokens and how.padding != "max_length" and \
                 all(isinstance(p, str) for p in request.prompts) and \
                 self.limits.texts_surely_fit(request.prompts):
-            return [TextPrompt(p, k, how.truncation_side, how.prompt_len, how.cache_salt)
-                    for p in request.prompts]
+            return [TextPrompt(p, k, how.truncation_side, how.prompt_len, how.cache_salt,
+                               how.task_adapter) for p in request.prompts]
         try:
             tokenized = await self.engine.tokenize_request(
                 request.tokenized_as(truncate_prompt_tokens=k))

@@ -1,8 +1,10 @@
-"""ColBERT multi-vector retrievers: a BERT (`HF_ColBERT`) or ModernBERT
-(`ColBERTModernBertModel`) encoder whose every token state is projected to a small vector.
+"""ColBERT multi-vector retrievers: a BERT (`HF_ColBERT`), ModernBERT
+(`ColBERTModernBertModel`) or jina rotary XLM-R (`ColBERTJinaRobertaModel`, jina-colbert-v2)
+encoder whose every token state is projected to a small vector.
 
-The projection is the checkpoint's `linear` weight (its size from `colbert_dim` / `dim` /
-`projection_dim` in the config, checked against the weight, else the weight's shape), or,
+The projection is the checkpoint's `linear` (or `colbert_linear`) weight (its size from
+`colbert_dim` / `dim` / `projection_dim` in the config, checked against the weight, else the
+weight's shape), or,
 in PyLate-style checkpoints without one, the sentence-transformers `1_Dense` module, which
 the pooler applies per token. The `token_embed` task L2-normalises each token's vector;
 scoring is MaxSim (`vllm.entrypoints.score_utils.maxsim`).
@@ -17,12 +19,14 @@ from torch import nn
 from vllm.logger import init_logger
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.models.bert import BertModel
+from vllm.model_executor.models.jina_roberta import JinaRobertaModel
 from vllm.model_executor.models.modernbert import ModernBertModel
 from vllm.model_executor.weight_utils import copy_param
 
 logger = init_logger(__name__)
 
 _DIM_KEYS = ("colbert_dim", "dim", "projection_dim")
+_PROJECTION_PREFIXES = ("linear.", "colbert_linear.")
 
 
 def config_dim(config) -> Optional[int]:
@@ -48,8 +52,8 @@ class _ColBERT:
 
         def encoder_weights():
             for name, tensor in weights:
-                if name.startswith("linear."):
-                    projection[name] = tensor
+                if name.startswith(_PROJECTION_PREFIXES):
+                    projection["linear." + name.split(".", 1)[1]] = tensor
                 else:
                     yield name, tensor
 
@@ -81,3 +85,8 @@ class ColBERTBertModel(_ColBERT, BertModel):
 
 class ColBERTModernBertModel(_ColBERT, ModernBertModel):
     """ModernBERT ColBERT (e.g. GTE-ModernColBERT): the encoder + `linear` or `1_Dense`."""
+
+
+class ColBERTJinaRobertaModel(_ColBERT, JinaRobertaModel):
+    """jina-colbert-v2: the rotary XLM-R (`roberta.*`, flash layout) + `linear`; its
+    width from `colbert_dim` / `dim` / `projection_dim`, else the weight's rows."""

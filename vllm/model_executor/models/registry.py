@@ -20,6 +20,9 @@ class ModelEntry:
     multi_vector: bool = False  # one vector per token (ColBERT): token_embed + MaxSim
     extra_tasks: tuple[str, ...] = ()  # pooling tasks beyond its convert's (BGE-M3)
     multimodal: bool = False  # prompts may carry images (dual encoders: CLIP, SigLIP)
+    # The checkpoint holds one LoRA per task (jina-embeddings-v3's `lora_adaptations`),
+    # chosen per request by its sentence-transformers prompt name.
+    task_adapters: bool = False
 
 
 _DECODERS = {"Qwen2": "qwen2", "Qwen3": "qwen3", "Llama": "llama", "Mistral": "llama"}
@@ -77,6 +80,9 @@ _REGISTRY: dict[str, ModelEntry] = {
     "BertSpladeSparseEmbeddingModel":
         ModelEntry("splade", "BertSpladeSparseEmbeddingModel", "SPLADE", "embed", False),
     "HF_ColBERT": ModelEntry("colbert", "ColBERTBertModel", "ALL", "embed", False, True),
+    # jina-colbert-v2: jina's rotary XLM-R + the ColBERT projection
+    "ColBERTJinaRobertaModel": ModelEntry("colbert", "ColBERTJinaRobertaModel", "ALL", "embed",
+                                          False, True, task_adapters=True),
     "ColBERTModernBertModel":
         ModelEntry("colbert", "ColBERTModernBertModel", "ALL", "embed", False, True),
     "CLIPModel": ModelEntry("clip", "CLIPEmbeddingModel", "LAST", "embed", False,
@@ -107,6 +113,27 @@ for _prefix, _module in _DECODERS.items():
 for _alias in ("LLaMAForCausalLM", "InternLM3ForCausalLM", "IQuestCoderForCausalLM",
                "TeleChat3ForCausalLM"):
     _REGISTRY[_alias] = _REGISTRY["LlamaForCausalLM"]
+
+# Architectures whose config selects another implementation: an XLM-R config with rotary
+# positions is jina's flash layout (jina-embeddings-v3), as upstream dispatches it.
+_CONFIG_VARIANTS: dict[str, ModelEntry] = {
+    "XLMRobertaModel": ModelEntry("jina_roberta", "JinaRobertaModel", "CLS", "embed", False,
+                                  task_adapters=True),
+}
+
+
+def is_rotary_xlmr(hf_config) -> bool:
+    """An XLM-R config of jina's rotary flash layout (upstream's test: the position type)."""
+    return getattr(hf_config, "position_embedding_type", "absolute") in ("rotary", "rope")
+
+
+def config_variant(arch: str, hf_config) -> Optional[ModelEntry]:
+    """The implementation `hf_config` selects for `arch` instead of its table entry, or
+    None (no config given, or the ordinary layout)."""
+    if hf_config is None or arch not in _CONFIG_VARIANTS:
+        return None
+    return _CONFIG_VARIANTS[arch] if is_rotary_xlmr(hf_config) else None
+
 
 # Suffixes that an unregistered architecture may carry on top of a registered causal base.
 _ADAPTER_SUFFIXES = {
@@ -158,8 +185,12 @@ def supported_architectures() -> list[str]:
     return sorted(names)
 
 
-def resolve_architecture(arch: str) -> ResolvedArch:
-    """Find how to serve `arch`; raise ValueError listing the supported ones."""
+def resolve_architecture(arch: str, hf_config=None) -> ResolvedArch:
+    """Find how to serve `arch` (with `hf_config`: its config variant, if any); raise
+    ValueError listing the supported ones."""
+    variant = config_variant(arch, hf_config)
+    if variant is not None:
+        return ResolvedArch(arch, variant, None, variant.default_pooling_type, variant.convert)
     if arch in _REGISTRY:
         e = _REGISTRY[arch]
         return ResolvedArch(arch, e, None, e.default_pooling_type, e.convert)

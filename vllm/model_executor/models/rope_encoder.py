@@ -1,5 +1,6 @@
 """Post-norm BERT-shaped encoders with rotary positions and a gated MLP: the common body of
-NomicBERT (`nomic_bert.py`) and Alibaba's GTE "new" architecture (`gte.py`).
+NomicBERT (`nomic_bert.py`) and Alibaba's GTE "new" architecture (`gte.py`); jina's rotary
+XLM-R (`jina_roberta.py`) takes it with a plain MLP (`EncoderSpec.gated` false).
 
 embeddings = LayerNorm(word + token type) (no absolute positions), then per layer
     x = attn_norm(x + attn_out(attention(rope(q), rope(k), v)))
@@ -49,6 +50,7 @@ class EncoderSpec:
     activation: str        # the gate's: silu (SwiGLU), gelu (GeGLU); layers/linear.py names
     rope: dict             # rotary.py's parameters (rope_type, rope_theta, ...)
     max_positions: int
+    gated: bool = True     # False: a plain MLP, down(act(up(x))) (jina's XLM-R)
 
     @property
     def head_dim(self) -> int:
@@ -63,12 +65,21 @@ class RopeEncoderEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(spec.type_vocab_size, h) \
             if spec.type_vocab_size > 0 else None
         self.LayerNorm = nn.LayerNorm(h, eps=spec.eps)
+        # Per-row LoRA on the tables (vllm.lora.task_adapters.EmbeddingLoRA), set from
+        # above where the checkpoint carries task adapters: `add(ids, rows) -> rows`.
+        self.word_lora = None
+        self.type_lora = None
 
     def forward(self, input_ids: torch.Tensor,
                 token_type_ids: Optional[torch.Tensor]) -> torch.Tensor:
         x = self.word_embeddings(input_ids)
+        if self.word_lora is not None:
+            x = self.word_lora.add(input_ids, x)
         types = self.token_type_embeddings
-        if types is not None:
+        if types is not None and self.type_lora is not None:
+            ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            x = x + self.type_lora.add(ids, types(ids))
+        elif types is not None:
             x = x + (types.weight[0] if token_type_ids is None else types(token_type_ids))
         return self.LayerNorm(x)
 
@@ -83,8 +94,12 @@ class RopeEncoderLayer(nn.Module):
         self.attn_out = Linear(h, h, bias=spec.attn_bias)
         self.attn_norm = nn.LayerNorm(h, eps=spec.eps)
         # Without a bias the GEMM's epilogue applies the activation and the product.
-        self.gate_up = Linear(h, 2 * i, bias=True) if spec.gate_up_bias \
-            else GatedLinear(h, i, spec.activation)
+        if spec.gated:
+            self.gate_up = Linear(h, 2 * i, bias=True) if spec.gate_up_bias \
+                else GatedLinear(h, i, spec.activation)
+        else:
+            self.up = Linear(h, i, bias=spec.gate_up_bias, activation=spec.activation)
+        self.gated = spec.gated
         self.activation = spec.activation
         self.down = Linear(i, h, bias=spec.down_bias)
         self.mlp_norm = nn.LayerNorm(h, eps=spec.eps)
@@ -99,7 +114,9 @@ class RopeEncoderLayer(nn.Module):
         if rows is not None:
             x, out = x[rows], out[rows]
         x = self.attn_norm(self.attn_out.forward_add(out, x))
-        if isinstance(self.gate_up, GatedLinear):
+        if not self.gated:
+            hidden = self.up(x)
+        elif isinstance(self.gate_up, GatedLinear):
             hidden = self.gate_up(x)
         else:
             gate, up = self.gate_up(x).chunk(2, dim=-1)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
-from vllm.model_executor.models.registry import ModelEntry, ResolvedArch, resolve_architecture
+from vllm.model_executor.models.registry import (ModelEntry, ResolvedArch, config_variant,
+                                                 resolve_architecture)
 from vllm.model_executor.models.transformers_refusals import (has_transformers_class, no_class,
                                                               structural_refusal, unknown_suffix)
 
@@ -41,7 +42,7 @@ def resolve_model_impl(arch_name: str, model_impl: str,
         raise ValueError(f"model_impl={model_impl!r} is not supported; use one of "
                          f"{', '.join(MODEL_IMPLS)}.")
     try:
-        native: Optional[ResolvedArch] = resolve_architecture(arch_name)
+        native: Optional[ResolvedArch] = resolve_architecture(arch_name, hf_config)
         native_error = ""
     except ValueError as exc:
         native, native_error = None, str(exc)
@@ -55,6 +56,10 @@ def resolve_model_impl(arch_name: str, model_impl: str,
         return native, "vllm", "model_impl='vllm'"
     if model_impl == "auto" and native is not None:
         return native, "vllm", "the engine implements it natively"
+    if config_variant(arch_name, hf_config) is not None:
+        raise ValueError(f"This {arch_name} checkpoint has a layout transformers' class does "
+                         f"not implement (its code is remote: {native.base.class_name}); "
+                         "use model_impl='auto' or 'vllm'.")
     if native is not None and native.base.multimodal:
         raise ValueError(f"{arch_name} takes images; the Transformers backend serves text "
                          "models only. Use model_impl='auto' or 'vllm'.")
