@@ -214,6 +214,15 @@ def _qwen2_vl_tokenizer(path: pathlib.Path) -> dict[str, int]:
     return {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
 
 
+def vlm_text_config(mrope_section: list[int], **extra) -> dict:
+    """The tiny VLMs' decoder: 2 layers, hidden 64, 4 heads of 16 (2 KV heads), M-RoPE."""
+    return dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                rms_norm_eps=1e-6, rope_parameters={"rope_type": "default",
+                                                    "rope_theta": 10000.0,
+                                                    "mrope_section": mrope_section}) | extra
+
+
 def make_qwen2_vl(path, seed: int = SEED + 22, text: Optional[dict] = None,
                   vision: Optional[dict] = None, pixels: Optional[dict] = None) -> pathlib.Path:
     """Qwen2VLForConditionalGeneration: a 2-layer decoder (hidden 64, head 16, M-RoPE
@@ -225,11 +234,7 @@ def make_qwen2_vl(path, seed: int = SEED + 22, text: Optional[dict] = None,
     ids = _qwen2_vl_tokenizer(path)
     torch.manual_seed(seed)
     config = Qwen2VLConfig(
-        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, rms_norm_eps=1e-6,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [2, 3, 3]}) | (text or {}),
+        text_config=vlm_text_config([2, 3, 3]) | (text or {}),
         vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, patch_size=4,
                            spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)
         | (vision or {}),

@@ -1,4 +1,4 @@
-"""Image prompts of a vision-language model (Qwen2-VL): each `<|image_pad|>` in the prompt
+"""Image prompts of a vision-language model (Qwen2-VL, Qwen3-VL): each `<|image_pad|>` in the prompt
 becomes one placeholder per merged patch of its image, and every token gets its multimodal
 rotary position (temporal, height, width): text counts on from the last position, an
 image's tokens sit on their grid, and the text after an image starts past the grid's larger

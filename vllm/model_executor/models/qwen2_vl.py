@@ -16,95 +16,12 @@ from torch import nn
 
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import Linear
-from vllm.model_executor.models.clip import segments_meta
 from vllm.model_executor.models.decoder import DecoderModel
+from vllm.model_executor.models.qwen_vision import VisionTower
 from vllm.model_executor.weight_utils import copy_param
 from vllm.multimodal.lru import TensorLRU
 
 ENCODER_CACHE_BYTES = 256 * 2**20
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, config) -> None:
-        super().__init__()
-        d, heads = config.embed_dim, config.num_heads
-        self.heads, self.head_dim = heads, d // heads
-        self.norm1 = nn.LayerNorm(d, eps=1e-6)
-        self.norm2 = nn.LayerNorm(d, eps=1e-6)
-        self.qkv = Linear(d, 3 * d)
-        self.proj = Linear(d, d)
-        self.attn = Attention(heads, d // heads, heads)
-        hidden = int(d * config.mlp_ratio)
-        self.fc1 = Linear(d, hidden)
-        self.fc2 = Linear(hidden, d)
-        if config.hidden_act != "quick_gelu":
-            raise ValueError(f"Qwen2-VL vision hidden_act {config.hidden_act!r} is not "
-                             "supported (quick_gelu is).")
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv(self.norm1(x)).view(n, 3, self.heads, self.head_dim).unbind(1)
-        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(x.dtype)
-        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(x.dtype)
-        x = self.proj.forward_add(self.attn(q.reshape(n, -1), k.reshape(n, -1),
-                                            v.reshape(n, -1), meta), x)
-        y = self.fc1(self.norm2(x))
-        return self.fc2.forward_add(y * torch.sigmoid(1.702 * y), x)
-
-
-class VisionTower(nn.Module):
-    """HF `visual`: Conv3d patches, blocks with 2-D rotary, merger of m x m patches."""
-
-    def __init__(self, config) -> None:
-        super().__init__()
-        self.config = config
-        d, p, tp = config.embed_dim, config.patch_size, config.temporal_patch_size
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv3d(config.in_channels, d, (tp, p, p), (tp, p, p),
-                                          bias=False)
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
-        merged = d * config.spatial_merge_size ** 2
-        self.merger = nn.Module()
-        self.merger.ln_q = nn.LayerNorm(d, eps=1e-6)
-        self.merger.mlp = nn.Sequential(nn.Linear(merged, merged), nn.GELU(),
-                                        nn.Linear(merged, config.hidden_size))
-        head_dim = d // config.num_heads
-        theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 1e4))
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim // 2, 2,
-                                                          dtype=torch.float) / (head_dim // 2)))
-
-    def _rotary(self, grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        t, h, w = grid
-        m = self.config.spatial_merge_size
-        hpos, wpos = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        shape = (h // m, m, w // m, m)
-        hpos = hpos.reshape(shape).transpose(1, 2).flatten().repeat(t)
-        wpos = wpos.reshape(shape).transpose(1, 2).flatten().repeat(t)
-        angles = torch.cat([hpos[:, None] * self.inv_freq, wpos[:, None] * self.inv_freq], -1)
-        angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # [N, 1, head_dim]
-        return angles.cos(), angles.sin()
-
-    def forward(self, pixels: torch.Tensor, grid: tuple[int, int, int],
-                like: AttentionMetadata) -> torch.Tensor:
-        """One image's patches [N, C*T*P*P] -> its merged-patch embeddings [N / m^2, H]."""
-        c = self.config
-        proj = self.patch_embed.proj
-        x = proj(pixels.to(proj.weight.dtype).view(-1, c.in_channels, c.temporal_patch_size,
-                                                   c.patch_size, c.patch_size))
-        x = x.view(-1, c.embed_dim)
-        cos, sin = (a.to(x.device) for a in self._rotary(grid))
-        meta = segments_meta([x.shape[0]], False, like)
-        for block in self.blocks:
-            x = block(x, cos, sin, meta)
-        merged = self.merger.ln_q(x).view(-1, c.embed_dim * c.spatial_merge_size ** 2)
-        return self.merger.mlp(merged)
 
 
 class Qwen2VLEmbeddingModel(DecoderModel):
@@ -115,14 +32,15 @@ class Qwen2VLEmbeddingModel(DecoderModel):
     weight_prefix = ""
     tied_weights: dict[str, str] = {}
     qkv_bias = True
+    vision_tower: type[nn.Module] = VisionTower
 
     def __init__(self, config) -> None:
         super().__init__(config.text_config)
-        self.visual = VisionTower(config.vision_config)
-        sections = self.rotary_sections = list(
-            config.text_config.rope_parameters.get("mrope_section", []))
+        self.visual = self.vision_tower(config.vision_config)
+        sections = list(config.text_config.rope_parameters.get("mrope_section", []))
         if sum(sections) != self.layers[0].self_attn.head_dim // 2:
             raise ValueError(f"mrope_section {sections} must sum to half the head size.")
+        self.rotary_axes = self.mrope_axes(sections)
         # vision-tower outputs by image content hash (the next chunk of a split image, the
         # same image in another request)
         self.encoder_cache = TensorLRU(ENCODER_CACHE_BYTES)
@@ -153,24 +71,32 @@ class Qwen2VLEmbeddingModel(DecoderModel):
             x = layer(x, rotation, meta)
         return self.norm(self.layers[-1](x, rotation, meta, meta.output_rows))
 
+    @staticmethod
+    def mrope_axes(sections: list[int]) -> torch.Tensor:
+        """The position axis (0 t, 1 h, 2 w) each rotary frequency reads: Qwen2-VL's
+        contiguous sections, section j on axis j % 3."""
+        return torch.repeat_interleave(torch.arange(len(sections)) % 3,
+                                       torch.tensor(sections))
+
     def _mrope(self, positions: torch.Tensor, meta: AttentionMetadata,
                images: list) -> torch.Tensor:
-        """Rotations with each request's (t, h, w) positions: a frequency section per axis."""
+        """Rotations with each request's (t, h, w) positions, each frequency from its axis
+        (`rotary_axes`)."""
         pos3 = positions.expand(3, -1).clone()
         for i, inputs in enumerate(images):
             if inputs is not None:
                 k, n, s = meta.num_computed[i], meta.num_new[i], meta.query_start_loc[i]
                 pos3[:, s:s + n] = inputs.positions[:, k:k + n].to(pos3.device)
-        rots = [self.rotary.rotations(p) for p in pos3]
-        cuts = [0]
-        for size in self.rotary_sections:
-            cuts.append(cuts[-1] + size)
-        return torch.cat([rots[j % 3][..., cuts[j]:cuts[j + 1]]
-                          for j in range(len(self.rotary_sections))], dim=-1)
+        rots = torch.stack([self.rotary.rotations(p) for p in pos3])  # [3, T, 1, D/2]
+        axes = self.rotary_axes.to(rots.device)
+        return rots[axes, :, :, torch.arange(len(axes), device=rots.device)].permute(1, 2, 0)
 
-    def _scatter_images(self, x: torch.Tensor, meta: AttentionMetadata, images: list) -> None:
-        """Replace the placeholder rows this step computes with their images' embeddings."""
-        offsets = _patch_offsets
+    def _scatter_images(self, x: torch.Tensor, meta: AttentionMetadata,
+                        images: list) -> list[tuple[int, int, torch.Tensor]]:
+        """Replace the placeholder rows this step computes with their images' embeddings
+        (the encoder output's first `hidden` columns); returns each placed run as (first
+        row, end row in `x`, its encoder output rows)."""
+        offsets, placed = _patch_offsets, []
         for i, inputs in enumerate(images):
             if inputs is None:
                 continue
@@ -182,7 +108,10 @@ class Qwen2VLEmbeddingModel(DecoderModel):
                 a, b = offsets(inputs.grids, j)
                 emb = self.encoder_cache.get(inputs.hashes[j], lambda: self.visual(
                     inputs.pixel_values[a:b].to(x.device), grid, meta))
-                x[s + lo - k: s + hi - k] = emb[lo - start: hi - start].to(x.dtype)
+                rows = emb[lo - start: hi - start].to(x.dtype)
+                x[s + lo - k: s + hi - k] = rows[:, :x.shape[1]]
+                placed.append((s + lo - k, s + hi - k, rows))
+        return placed
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """HF names of either layout (`model.language_model.` / `model.visual.` or the older

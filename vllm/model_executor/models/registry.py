@@ -98,6 +98,9 @@ _REGISTRY: dict[str, ModelEntry] = {
                                    True, multimodal=True),
     "JinaVLForSequenceClassification": ModelEntry("qwen2_vl", "Qwen2VLEmbeddingModel", "LAST",
                                                   "classify", True, multimodal=True),
+    # Qwen3-VL-Embedding; Qwen3-VL-Reranker as Qwen3VLForSequenceClassification (hf_overrides)
+    "Qwen3VLForConditionalGeneration": ModelEntry("qwen3_vl", "Qwen3VLEmbeddingModel", "LAST",
+                                                  "embed", True, multimodal=True),
     "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma2Model": ModelEntry("gemma", "Gemma2Model", "LAST", "embed", True),
     "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3Model", "LAST", "embed", True),
@@ -198,7 +201,8 @@ def resolve_architecture(arch: str, hf_config=None) -> ResolvedArch:
         if not arch.endswith(suffix):
             continue
         prefix = arch[: -len(suffix)]
-        for base_name in (f"{prefix}ForCausalLM", f"{prefix}Model"):
+        for base_name in (f"{prefix}ForCausalLM", f"{prefix}Model",
+                          f"{prefix}ForConditionalGeneration"):
             base = _REGISTRY.get(base_name)
             if base is not None and base.is_causal:
                 return ResolvedArch(arch, base, convert, pooling, convert)
