@@ -16,7 +16,9 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.registry import (ResolvedArch, config_pooling_type,
                                                  convert_architecture)
 from vllm.model_executor.models.transformers_arch import (convert_backend_architecture,
-                                                          resolve_model_impl, routing_refusal)
+                                                          resolve_model_impl, routing_refusal,
+                                                          serves_remote)
+from vllm.model_executor.models.transformers_remote import RemoteCode
 from vllm.platforms import platform_for, resolve_device
 from vllm.transformers_utils.config import (load_hf_config, read_json, resolve_model_path,
                                             roberta_position_offset)
@@ -81,6 +83,9 @@ class ModelConfig(ModelTasks):
     # (it cannot take the engine's): prefix caching and chunked prefill stay off.
     whole_sequences: bool = field(init=False, default=False)
     whole_reason: Optional[str] = field(init=False, default=None)
+    # The checkpoint's own model classes (auto_map) when the Transformers backend serves
+    # one of them (trust_remote_code=True); None otherwise.
+    remote_code: Optional[RemoteCode] = field(init=False, default=None)
     # The text of `chat_template` (read at start-up, so a bad path fails there).
     score_template: Optional[str] = field(init=False, default=None)
 
@@ -132,8 +137,8 @@ class ModelConfig(ModelTasks):
             if self.convert == "auto":
                 self.convert = _TASK_TO_CONVERT[self.task]
                 if self.task == "score" and resolve_model_impl(
-                        self.hf_config.architectures[0], self.model_impl,
-                        self.hf_config)[0].native_convert == "embed":
+                        self.hf_config.architectures[0], self.model_impl, self.hf_config,
+                        self._remote())[0].native_convert == "embed":
                     self.convert = "embed"  # as upstream: an embedding model scores by cosine
         if self.runner not in ("auto", "pooling"):
             raise ValueError(f"runner={self.runner!r} is not supported: this engine serves "
@@ -157,7 +162,9 @@ class ModelConfig(ModelTasks):
     def _resolve_impl(self, arch_name: str) -> ResolvedArch:
         """Native class or Transformers backend (`model_impl`), logged with the reason;
         on the backend, whether its attention can run on the engine's."""
-        arch, self.impl, why = resolve_model_impl(arch_name, self.model_impl, self.hf_config)
+        remote = self._remote()
+        arch, self.impl, why = resolve_model_impl(arch_name, self.model_impl, self.hf_config,
+                                                  remote)
         logger.info("Model implementation for %s: %s (%s).", arch_name,
                     "Transformers backend" if self.impl == "transformers" else "native", why)
         if self.impl == "transformers":
@@ -165,10 +172,18 @@ class ModelConfig(ModelTasks):
                 raise ValueError(f"quantization={self.quantization!r} applies to the "
                                  "engine's own projections; the Transformers backend runs "
                                  "transformers' layers. Leave quantization unset.")
-            reason = routing_refusal(self.hf_config)
+            if serves_remote(arch_name, remote):  # its own config class, too
+                self.remote_code = remote
+                self.hf_config = load_hf_config(self.path, self.hf_overrides,
+                                                trust_remote_code=True)
+            reason = routing_refusal(self.hf_config, self.remote_code)
             if reason is not None:
                 self.mark_whole_sequences(reason)
         return arch
+
+    def _remote(self) -> Optional[RemoteCode]:
+        """The model classes the checkpoint ships (auto_map), trusted per the flag."""
+        return RemoteCode.of(self.hf_config, self.path, self.trust_remote_code)
 
     def mark_whole_sequences(self, reason: str) -> None:
         """The Transformers backend cannot route this class's attention: every request

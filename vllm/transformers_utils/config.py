@@ -38,28 +38,37 @@ def resolve_model_path(model: str, revision: Optional[str] = None) -> Path:
 _REMOTE_MODEL_TYPE = ("trust_remote_code", "does not recognize this architecture")
 
 
-def load_hf_config(path: Path, hf_overrides: Optional[dict[str, Any]] = None) -> PretrainedConfig:
+def load_hf_config(path: Path, hf_overrides: Optional[dict[str, Any]] = None,
+                   trust_remote_code: bool = False) -> PretrainedConfig:
     """Read config.json with transformers and apply `hf_overrides` attribute by attribute.
 
     A `model_type` transformers does not know (the checkpoint's configuration code ships
     with it or with another repository, e.g. gte-multilingual's `new`) is read as a plain
     `PretrainedConfig` of config.json's keys: no remote code runs, and the native
-    implementation named by `architectures` (or `hf_overrides`) reads the keys it needs."""
-    try:
-        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-    except ValueError as exc:
-        raw = read_json(path / "config.json")
-        if raw is None or not any(why in str(exc) for why in _REMOTE_MODEL_TYPE):
-            raise
-        logger.info("config.json's model_type %r is not in transformers (its code is remote); "
-                    "read as a plain config of its keys.", raw.get("model_type"))
-        config = PretrainedConfig.from_dict(raw)
+    implementation named by `architectures` (or `hf_overrides`) reads the keys it needs.
+    `trust_remote_code=True` (asked for only when the checkpoint's own model class will be
+    served) runs its configuration code instead, as transformers' AutoConfig does."""
+    config = _read_config(path, trust_remote_code)
     for key, value in (hf_overrides or {}).items():
         setattr(config, key, value)
     if not getattr(config, "architectures", None):
         raise ValueError(f"{path}/config.json names no `architectures`; pass "
                          "hf_overrides={'architectures': [...]} to choose one.")
     return config
+
+
+def _read_config(path: Path, trust_remote_code: bool) -> PretrainedConfig:
+    if trust_remote_code:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=True)
+    try:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except ValueError as exc:
+        raw = read_json(path / "config.json")
+        if raw is None or not any(why in str(exc) for why in _REMOTE_MODEL_TYPE):
+            raise
+        logger.info("config.json's model_type %r is not in transformers (its code is remote); "
+                    "read as a plain config of its keys.", raw.get("model_type"))
+        return PretrainedConfig.from_dict(raw)
 
 
 def read_json(path: Path) -> Optional[dict]:

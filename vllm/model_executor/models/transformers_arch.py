@@ -2,7 +2,9 @@
 
 `model_impl` (upstream's `--model-impl`): `auto` takes the native class where the
 architecture table resolves it, else the Transformers backend when `transformers` has the
-class; `vllm` only the native one; `transformers` always the backend. The backend's
+class, or the checkpoint ships it as its own code (`auto_map`, run only with
+`trust_remote_code=True`: `transformers_remote.py`); `vllm` only the native one;
+`transformers` always the backend. The backend's
 facts are decided here, at config time, from the `transformers` classes alone (no weights):
 causal or bidirectional, and whether its attention can be routed through the engine's.
 
@@ -17,7 +19,10 @@ from typing import Any, Optional
 from vllm.model_executor.models.registry import (ModelEntry, ResolvedArch, config_variant,
                                                  resolve_architecture)
 from vllm.model_executor.models.transformers_refusals import (has_transformers_class, no_class,
-                                                              structural_refusal, unknown_suffix)
+                                                              remote_without_base,
+                                                              structural_refusal, unknown_suffix,
+                                                              untrusted_remote_code)
+from vllm.model_executor.models.transformers_remote import RemoteCode
 
 MODEL_IMPLS = ("auto", "vllm", "transformers")
 BACKEND_MODULE, BACKEND_CLASS = "transformers_backend", "TransformersModel"
@@ -35,9 +40,10 @@ _DECODER_MAPPINGS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
                      "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES")
 
 
-def resolve_model_impl(arch_name: str, model_impl: str,
-                       hf_config: Any) -> tuple[ResolvedArch, str, str]:
-    """(resolved architecture, "vllm" | "transformers", why) for `model_impl`."""
+def resolve_model_impl(arch_name: str, model_impl: str, hf_config: Any,
+                       remote: Optional[RemoteCode] = None) -> tuple[ResolvedArch, str, str]:
+    """(resolved architecture, "vllm" | "transformers", why) for `model_impl`; `remote`:
+    the checkpoint's own classes (config.json's auto_map), if it ships any."""
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl={model_impl!r} is not supported; use one of "
                          f"{', '.join(MODEL_IMPLS)}.")
@@ -55,7 +61,8 @@ def resolve_model_impl(arch_name: str, model_impl: str,
                 f"the Transformers backend.")
         return native, "vllm", "model_impl='vllm'"
     if model_impl == "auto" and native is not None:
-        return native, "vllm", "the engine implements it natively"
+        unused = "; the checkpoint's own code (auto_map) is not run" if remote else ""
+        return native, "vllm", "the engine implements it natively" + unused
     if config_variant(arch_name, hf_config) is not None:
         raise ValueError(f"This {arch_name} checkpoint has a layout transformers' class does "
                          f"not implement (its code is remote: {native.base.class_name}); "
@@ -63,19 +70,36 @@ def resolve_model_impl(arch_name: str, model_impl: str,
     if native is not None and native.base.multimodal:
         raise ValueError(f"{arch_name} takes images; the Transformers backend serves text "
                          "models only. Use model_impl='auto' or 'vllm'.")
-    arch = backend_architecture(arch_name, hf_config, native_error)
+    arch = backend_architecture(arch_name, hf_config, native_error, remote)
     why = "model_impl='transformers'" if model_impl == "transformers" else \
         "the engine has no native implementation and transformers implements the class"
+    if serves_remote(arch_name, remote):
+        why = ("model_impl='transformers'" if model_impl == "transformers" else
+               "neither the engine nor transformers has the class") + \
+            f"; the checkpoint's own code {remote.class_ref(arch_name)} (trust_remote_code=True)"
     return arch, "transformers", why
 
 
-def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "") -> ResolvedArch:
+def serves_remote(arch_name: str, remote: Optional[RemoteCode]) -> bool:
+    """Whether the backend would run the checkpoint's own class for `arch_name`: transformers
+    lacks it and the checkpoint's auto_map names it."""
+    return remote is not None and not has_transformers_class(arch_name) and \
+        remote.class_ref(arch_name) is not None
+
+
+def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "",
+                         remote: Optional[RemoteCode] = None) -> ResolvedArch:
     """The Transformers backend's ResolvedArch for `arch_name`; an ArchitectureRefused
     (a ValueError whose `kind` names the rule) where it cannot serve it."""
-    if not has_transformers_class(arch_name):
+    own_code = serves_remote(arch_name, remote)
+    if own_code and not remote.trusted:
+        raise untrusted_remote_code(arch_name, remote.class_ref(arch_name))
+    if own_code and remote.base_ref is None:
+        raise remote_without_base(arch_name)
+    if not own_code and not has_transformers_class(arch_name):
         raise no_class(arch_name, native_error)
     structural_refusal(arch_name, hf_config)
-    causal = is_causal_family(hf_config)
+    causal = remote.is_causal(hf_config) if own_code else is_causal_family(hf_config)
     for suffix, (convert, pooling) in _TASK_HEADS.items():
         if arch_name.endswith(suffix):
             if not causal:  # the task class's own head reads the first token
@@ -106,11 +130,15 @@ def convert_backend_architecture(arch: ResolvedArch, convert: str) -> ResolvedAr
                      f"its *ForSequenceClassification class, or convert='embed'.")
 
 
-def encoder_task_class(architecture: str, convert: str, causal: bool):
-    """The transformers task class whose own head serves an encoder classifier (None for
-    embeddings and for causal heads, which take the engine's `score` head)."""
+def encoder_task_class(architecture: str, convert: str, causal: bool,
+                       remote: Optional[RemoteCode] = None):
+    """The transformers task class (or the checkpoint's own, `remote`) whose own head
+    serves an encoder classifier (None for embeddings and for causal heads, which take
+    the engine's `score` head)."""
     if causal or convert != "classify" or not architecture.endswith(tuple(_TASK_HEADS)):
         return None
+    if remote is not None:
+        return remote.load_class(remote.class_ref(architecture))
     import transformers
     return getattr(transformers, architecture)
 
@@ -130,9 +158,12 @@ def is_causal_family(hf_config: Any) -> bool:
         and not getattr(hf_config, "is_encoder_decoder", False)
 
 
-def base_model_class(hf_config: Any):
+def base_model_class(hf_config: Any, remote: Optional[RemoteCode] = None):
     """The transformers class of the bare backbone: the architecture itself when it is a
-    base `*Model` (DistilBertModel, T5EncoderModel), else AutoModel's class for the type."""
+    base `*Model` (DistilBertModel, T5EncoderModel), else AutoModel's class for the type;
+    with `remote`, the checkpoint's own AutoModel class."""
+    if remote is not None:
+        return remote.load_class(remote.base_ref)
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
     arch = hf_config.architectures[0]
@@ -149,10 +180,10 @@ def base_model_class(hf_config: Any):
     return cls
 
 
-def routing_refusal(hf_config: Any) -> Optional[str]:
+def routing_refusal(hf_config: Any, remote: Optional[RemoteCode] = None) -> Optional[str]:
     """Why the backbone's attention cannot be routed through the engine's (None: it can).
     The load-time probe checks the rest (that the function is really called)."""
-    cls = base_model_class(hf_config)
+    cls = base_model_class(hf_config, remote)
     if not getattr(cls, "_supports_attention_backend", False):
         return f"{cls.__name__} does not take an external attention function"
     if "position_ids" not in inspect.signature(cls.forward).parameters:

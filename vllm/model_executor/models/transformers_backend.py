@@ -1,7 +1,8 @@
 """The Transformers backend: a `transformers` base model as the engine's backbone.
 
 `TransformersModel` wraps the checkpoint's transformers base class (Phi3Model,
-DistilBertModel, ...) with the engine's backbone interface,
+DistilBertModel, ...), or the checkpoint's own AutoModel class (`auto_map`, under
+`trust_remote_code=True`: `transformers_remote.py`), with the engine's backbone interface,
 `forward(input_ids[T], positions[T], meta) -> hidden_states[T, H]` over the flat,
 padding-free step. Where the class takes an external attention function, the whole step
 runs as one sequence [1, T] whose attention goes through the engine's `Attention` layers
@@ -47,17 +48,18 @@ class TransformersModel(nn.Module):
     def from_model_config(cls, mc) -> "TransformersModel":
         """Build and load from a ModelConfig (the loader's hook for self-loading backbones)."""
         causal = mc.arch.base.is_causal
+        remote = mc.remote_code
         return cls(mc.hf_config, str(mc.path), causal, mc.whole_sequences, mc.device,
-                   encoder_task_class(mc.architecture, mc.convert, causal))
+                   encoder_task_class(mc.architecture, mc.convert, causal, remote), remote)
 
     def __init__(self, config, path: str, causal: bool, whole_sequences: bool,
-                 device: str = "cpu", task_cls=None) -> None:
+                 device: str = "cpu", task_cls=None, remote=None) -> None:
         super().__init__()
         self.config = config
         self.is_causal = causal
         self.whole_sequences = whole_sequences
         self.whole_reason: Optional[str] = None
-        hf_cls = task_cls or base_model_class(config)
+        hf_cls = task_cls or base_model_class(config, remote)
         loaded = _load_pretrained(hf_cls, config, path,
                                   None if whole_sequences else ATTN_IMPLEMENTATION).to(device)
         # An encoder classifier: the task model's backbone here, its head for the loader.
@@ -95,7 +97,7 @@ class TransformersModel(nn.Module):
                     "be served on the Transformers backend yet.")
         if problem is not None:
             self.whole_sequences, self.whole_reason = True, problem
-            self.hf.set_attn_implementation("sdpa")
+            self.hf.set_attn_implementation("sdpa" if self.hf._supports_sdpa else "eager")
             return
         self._layers = attach_engine_layers(probe)
         logger.info("Transformers backend: %d attention layers of %s run on the engine's "

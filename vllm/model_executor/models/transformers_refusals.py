@@ -4,9 +4,12 @@ config alone (no weights, no torch import at module level).
 Every refusal is an `ArchitectureRefused` (a ValueError) whose `kind` says which rule
 refused it, so a user reads the reason and tests can count the reasons:
 
-- `no-class`: neither the engine nor `transformers` has the class. Such checkpoints ship
-  their own modeling code (`auto_map`, `trust_remote_code=True`), which the backend does
-  not run; or the name is one upstream vLLM gives its own implementation.
+- `no-class`: neither the engine nor `transformers` has the class, and the checkpoint's
+  config.json names no class of that name in its `auto_map` (with one, the backend runs
+  the checkpoint's own class under `trust_remote_code=True`: `transformers_remote.py`);
+  or the name is one upstream vLLM gives its own implementation.
+- `remote-code`: the class is the checkpoint's own code (`auto_map`) and the user did not
+  pass `trust_remote_code=True`, or its auto_map names no base model (`AutoModel`).
 - `bidirectional-variant`: upstream's name for a bidirectional (embedding) variant of a
   decoder family (`LlamaBidirectionalModel`, ...): the checkpoint is served as its family's
   class with `is_causal: false` and its pooling named by the user.
@@ -62,11 +65,26 @@ def no_class(arch_name: str, native_error: str = "") -> ArchitectureRefused:
     tail = f" Natively supported architectures:{supported}" if supported else ""
     return ArchitectureRefused("no-class", (
         f"{lead}transformers {transformers.__version__} has no class {arch_name} either, so "
-        f"the Transformers backend cannot serve it: its modeling code ships with the "
-        f"checkpoint (trust_remote_code), which the backend does not run, or it is an "
-        f"architecture only upstream vLLM's own code implements. If the checkpoint is a "
+        f"the Transformers backend cannot serve it: the checkpoint ships no such class "
+        f"in its config.json auto_map (with one, trust_remote_code=True runs it), or it is "
+        f"an architecture only upstream vLLM's own code implements. If the checkpoint is a "
         f"family transformers has, name that class with "
         f"hf_overrides={{'architectures': [...]}}.{tail}"))
+
+
+def untrusted_remote_code(arch_name: str, ref: str) -> ArchitectureRefused:
+    return ArchitectureRefused("remote-code", (
+        f"{arch_name} is not a class of this engine or of transformers; the checkpoint ships "
+        f"it as its own code (config.json auto_map: {ref}), which runs only if you trust it. "
+        f"Pass trust_remote_code=True (LLM(..., trust_remote_code=True); vllm serve "
+        f"--trust-remote-code) to serve it on the Transformers backend."))
+
+
+def remote_without_base(arch_name: str) -> ArchitectureRefused:
+    return ArchitectureRefused("remote-code", (
+        f"{arch_name} is the checkpoint's own code, but its config.json auto_map names no "
+        f"AutoModel class: the Transformers backend runs the base model (and a task class's "
+        f"head over it), so it cannot serve this checkpoint."))
 
 
 def structural_refusal(arch_name: str, hf_config: Any) -> None:
