@@ -1,10 +1,14 @@
 """Image prompts and scoring templates, mixed into `InputProcessor`: a prompt dict with
 `multi_modal_data` becomes placeholder ids plus its images (vllm/multimodal/inputs.py), and a
 cross-encoder pair goes through the model's scoring template where it has one, or through a
-Jinja score template (vllm/transformers_utils/score_template.py) for LLM rerankers."""
+Jinja score template (vllm/transformers_utils/score_template.py) for LLM rerankers. A
+vision-language reranker's (Qwen3-VL) image items are rendered through the same template:
+each image as a marker, then the model's image placeholder, the images attached in the
+order the rendered prompt holds them."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import uuid
+from typing import Any, Callable, Optional
 
 from vllm.logger import init_logger
 
@@ -49,7 +53,8 @@ class ImagePromptsMixin:
         items texts or image prompts: jina-reranker-m0), else through a score template (the
         call's `chat_template` text, --chat-template, or the one a sentence-transformers
         CrossEncoder declares), else, for an LLM reranker (`classifier_from_token`), the two
-        texts joined as one prompt, else the tokenizer's pair form."""
+        items joined as one prompt, else the tokenizer's pair form. Image items need a
+        vision-language model (Qwen3-VL-Reranker: a template or the joined form)."""
         from vllm.multimodal.vlm_inputs import SCORE_TEMPLATES, score_prompt
         arch = self.mc.architecture
         if arch in SCORE_TEMPLATES:
@@ -59,23 +64,28 @@ class ImagePromptsMixin:
                                  "chat_template / chat_template_kwargs / instruction.")
             return self.tokenize_prompt(score_prompt(arch, query, document),
                                         truncate_prompt_tokens, truncation_side=truncation_side)
-        if not (isinstance(query, str) and isinstance(document, str)):
+        images = not (isinstance(query, str) and isinstance(document, str))
+        if images and not (self.mc.is_multimodal and self.mc.is_causal):
             raise ValueError(f"{arch} scores text pairs; image items are scored by embedding "
-                             "models (CLIP, SigLIP) and template rerankers (jina-reranker-m0).")
+                             "models (CLIP, SigLIP) and vision-language rerankers "
+                             "(jina-reranker-m0, Qwen3-VL).")
+        cut = (truncate_prompt_tokens, truncation_side, max_tokens_2)
         template = self.score_template(chat_template)
         if template is not None:
+            from vllm.transformers_utils.score_template import render_score_prompt
             kwargs = {**template[1], **(chat_template_kwargs or {})}
-            return self._templated_pair(query, document, template[0], kwargs,
-                                        truncate_prompt_tokens, truncation_side, max_tokens_2)
+            return self._rendered_pair(query, document, lambda q, d: render_score_prompt(
+                self.tokenizer, template[0], q, d, kwargs), *cut)
         if chat_template_kwargs:
             raise ValueError("chat_template_kwargs needs a score template: start the engine "
                              "with --chat-template (or pass chat_template).")
         if getattr(self.mc.hf_config, "classifier_from_token", None):
             self._warn_untemplated_llm_reranker()
-            return self._joined_pair(query, document, truncate_prompt_tokens, truncation_side,
-                                     max_tokens_2)
-        return self.tokenize_pair(query, document, truncate_prompt_tokens, truncation_side,
-                                  max_tokens_2)
+            return self._rendered_pair(query, document, lambda q, d: q + d, *cut)
+        if images:
+            raise ValueError(f"{arch} scores image items through a score template: start "
+                             "the engine with --chat-template (or pass chat_template).")
+        return self.tokenize_pair(query, document, *cut)
 
     def score_template(self, chat_template: Optional[str] = None
                        ) -> Optional[tuple[str, dict[str, Any]]]:
@@ -93,27 +103,41 @@ class ImagePromptsMixin:
                             "sentence-transformers CrossEncoder config declares.")
         return self._st_template
 
-    def _templated_pair(self, query: str, document: str, template: str,
-                        kwargs: dict[str, Any], truncate_prompt_tokens: Optional[int],
-                        truncation_side: Optional[str], max_tokens_2: int):
-        """The rendered pair's prompt; `max_tokens_2` cuts the document's own tokens first."""
-        from vllm.transformers_utils.score_template import render_score_prompt
-        if max_tokens_2:
-            document = self.cap_text(document, max_tokens_2, truncation_side)
-        text = render_score_prompt(self.tokenizer, template, self._text(query, "query"),
-                                   self._text(document, "document"), kwargs)
-        return self.tokenize_prompt(text, truncate_prompt_tokens,
+    def _rendered_pair(self, query: Any, document: Any, render: Callable[[str, str], str],
+                       truncate_prompt_tokens: Optional[int], truncation_side: Optional[str],
+                       max_tokens_2: int):
+        """The pair's prompt as `render` (a score template, or the two joined) lays it out;
+        `max_tokens_2` cuts the document's own text first. An image item's images enter the
+        rendering as markers, so that each lands in the prompt as the model's image
+        placeholder with the images attached in the order the template placed them."""
+        from vllm.multimodal.vlm_inputs import mark_images, place_images
+        nonce = uuid.uuid4().hex
+        marked: dict[str, Any] = {}
+        sides = []
+        for name, item, cap in (("query", query, 0), ("document", document, max_tokens_2)):
+            text, images = self._item_text(item, name, cap, truncation_side)
+            text, marks = mark_images(text, images, f"{nonce}:{name}")
+            sides.append(text)
+            marked.update(marks)
+        prompt = place_images(render(*sides), marked)
+        return self.tokenize_prompt(prompt, truncate_prompt_tokens,
                                     truncation_side=truncation_side)
 
-    def _joined_pair(self, query: str, document: str, truncate_prompt_tokens: Optional[int],
-                     truncation_side: Optional[str], max_tokens_2: int):
-        """An LLM reranker's pair without a template: the two texts joined with no separator
-        and tokenized as one prompt, as upstream scores an LLM used as a reranker."""
-        if max_tokens_2:
-            document = self.cap_text(document, max_tokens_2, truncation_side)
-        text = self._text(query, "query") + self._text(document, "document")
-        return self.tokenize_prompt(text, truncate_prompt_tokens,
-                                    truncation_side=truncation_side)
+    def _item_text(self, item: Any, field: str, cap: int,
+                   side: Optional[str]) -> tuple[str, list]:
+        """A score item's own text (cut to `cap` tokens, checked) and its images."""
+        from vllm.multimodal.vlm_inputs import item_images
+        text, images = item_images(self.cap_item(item, cap, side))
+        return self._text(text, field), images
+
+    def cap_item(self, item: Any, cap: int, side: Optional[str] = None) -> Any:
+        """A score item with its own text cut to `cap` tokens (`cap_text`); an image
+        prompt keeps its images."""
+        if not cap:
+            return item
+        if isinstance(item, str):
+            return self.cap_text(item, cap, side)
+        return {**item, "prompt": self.cap_text(item.get("prompt") or "", cap, side)}
 
     def _warn_untemplated_llm_reranker(self) -> None:
         """An LLM reranker (a head from lm_head token rows) was trained on a prompt

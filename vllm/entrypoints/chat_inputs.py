@@ -52,9 +52,11 @@ def _url(part: dict, field: str) -> str:
 
 
 def parts_prompt(parts: list[dict], policy: MediaPolicy, limit: int,
-                 field: str = "messages") -> Prompt:
+                 field: str = "messages", with_text: bool = False) -> Prompt:
     """The engine prompt of `parts`: their text (parts joined by newlines), or
-    `{"prompt": "", "multi_modal_data": {"image": ...}}` for image parts."""
+    `{"prompt": "", "multi_modal_data": {"image": ...}}` for image parts. `with_text` (a
+    vision-language model's score item): images and text together, the text parts joined
+    with no separator as upstream joins them (the engine puts the images in front)."""
     urls = [_url(p, field) for p in parts if p["type"] == "image_url"]
     texts = [p.get("text") for p in parts if p["type"] == "text"]
     if not all(isinstance(t, str) for t in texts):
@@ -64,12 +66,12 @@ def parts_prompt(parts: list[dict], policy: MediaPolicy, limit: int,
     if len(urls) > limit:
         raise MediaError(f"At most {limit} image(s) may be provided in one prompt "
                          f"(--limit-mm-per-prompt); got {len(urls)}.", field)
-    if any(t.strip() for t in texts):
+    if any(t.strip() for t in texts) and not with_text:
         raise MediaError("This model takes text-only or image-only inputs, not both: send "
                          "the image and the text as separate inputs.", field)
     images = [policy.load_image(u, field) for u in urls]
-    return {"prompt": "", "multi_modal_data": {"image": images[0] if len(images) == 1
-                                               else images}}
+    return {"prompt": "".join(texts) if with_text else "",
+            "multi_modal_data": {"image": images[0] if len(images) == 1 else images}}
 
 
 def chat_prompt(messages: Any, tokenizer: Any, policy: MediaPolicy, limit: int,
@@ -95,10 +97,12 @@ def chat_prompt(messages: Any, tokenizer: Any, policy: MediaPolicy, limit: int,
         "image": [policy.load_image(u, field) for u in urls]}}
 
 
-def item_prompt(item: Any, policy: MediaPolicy, limit: int, field: str) -> Prompt:
-    """A score/rerank item: a string, or `{"content": [parts]}`."""
+def item_prompt(item: Any, policy: MediaPolicy, limit: int, field: str,
+                with_text: bool = False) -> Prompt:
+    """A score/rerank item: a string, or `{"content": [parts]}` (`with_text`: see
+    `parts_prompt`)."""
     if isinstance(item, str):
         return item
     if not isinstance(item, dict) or "content" not in item:
         raise MediaError("An item must be a string or {\"content\": [parts]}.", field)
-    return parts_prompt(_parts(item["content"], field), policy, limit, field)
+    return parts_prompt(_parts(item["content"], field), policy, limit, field, with_text)

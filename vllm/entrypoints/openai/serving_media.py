@@ -47,7 +47,8 @@ async def message_prompts(ctx: Any, messages: list[Any],
 
 
 async def item_prompts(ctx: Any, items: Sequence[Any], field: str) -> list[Prompt]:
-    """Score/rerank items (strings, or `{"content": [parts]}` on multimodal models)."""
+    """Score/rerank items (strings, or `{"content": [parts]}` on multimodal models; a
+    vision-language model's item may hold text and images together)."""
     if all(isinstance(i, str) for i in items):
         return list(items)
     mc = ctx.model_config
@@ -57,5 +58,7 @@ async def item_prompts(ctx: Any, items: Sequence[Any], field: str) -> list[Promp
         raise bad_request("Multimodal items are scored by embedding models and "
                           "vision-language rerankers only.", field)
     policy, limit = _media(ctx)
+    text_too = mc.is_causal and mc.is_cross_encoder  # a VLM reranker's item
     return await _on_tokenizer_thread(
-        ctx, lambda: [item_prompt(i, policy, limit, field) for i in items], field)
+        ctx, lambda: [item_prompt(i, policy, limit, field, with_text=text_too)
+                      for i in items], field)

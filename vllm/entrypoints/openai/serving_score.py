@@ -1,9 +1,10 @@
 """POST /score, /v1/score, /rerank, /v1/rerank, /v2/rerank.
 
 Cross-encoders score each (text_1, text_2) pair in the tokenizer's pair form, or through a
-score template (--chat-template; `instruction` / `chat_template_kwargs` fill it); embedding
-models embed each text once and score by cosine similarity, so a query shared by N
-documents is computed (and counted in usage) once.
+score template (--chat-template; `instruction` / `chat_template_kwargs` fill it; a
+vision-language reranker's items may hold images); embedding models embed each text once
+and score by cosine similarity, so a query shared by N documents is computed (and counted
+in usage) once.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class ServingScores:
                                      use_activation=use_activation)
             if cap_q:
                 text_1 = await ctx.engine.run_in_tokenizer_thread(
-                    lambda: [processor.cap_text(t, cap_q, side) for t in text_1])
+                    lambda: [processor.cap_item(t, cap_q, side) for t in text_1])
             outputs = await ctx.submit(http, PoolingRequest.of(
                 [(text_1[i], text_2[j]) for i, j in pairs], PoolingTask.SCORE, params,
                 lora=adapter, pairs=True, truncate_prompt_tokens=truncate,
