@@ -21,10 +21,9 @@
 // into zero-padded rows of a and |a|. Each tile row's 16 sums go back to float from a
 // stack buffer (int8_dequantize.h: the same floats as the separate pass after oneDNN's
 // GEMM), so no int32 [M, N] goes through memory.
-#include "int8_dequantize.h"
+#include "int8_gemm_common.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,21 +32,13 @@
 
 namespace {
 
-constexpr int kBlock = 16;          // output columns per packed block
+using int8_gemm::kBlock;
 constexpr int kTileRows = 4;        // rows per register tile
 constexpr int64_t kPanelRows = 64;  // rows one task covers (its a and |a| stay in L2)
 constexpr int64_t kPanelBlocks = 4;  // blocks one task covers
 
 #if defined(__AVX2__) && VLLM_SIMD_WIDTH
-// The float end: row and column scales, bias, epilogue mode and its other operand.
-struct Dequantize {
-  const float* row_scales;
-  const float* col_scales;
-  const float* bias;   // or null
-  const float* other;  // [M, N] of row stride other_row (modes 1, 2), or null
-  int64_t other_row;
-  int mode;
-};
+using int8_gemm::Dequantize;
 
 inline __m256i broadcast_group(const int8_t* p) {
   int32_t v;
@@ -91,11 +82,7 @@ void tile(const int8_t* a, const int8_t* abs_a, int64_t kp, const int8_t* wb, in
     alignas(32) int32_t row[kBlock];
     _mm256_store_si256(reinterpret_cast<__m256i*>(row), acc[r][0]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(row + 8), acc[r][1]);
-    const int64_t m = r0 + r;
-    int8_dequantize::span(row, cols, dq.row_scales[m], dq.col_scales + c0,
-                          dq.bias ? dq.bias + c0 : nullptr,
-                          dq.other ? dq.other + m * dq.other_row + c0 : nullptr, dq.mode,
-                          out + m * ldc + c0);
+    int8_gemm::store_row(row, r0 + r, c0, cols, dq, out, ldc);
   }
 }
 
@@ -167,13 +154,8 @@ int vllm_int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   int8_t* sa = padded.data();
   int8_t* ua = sa + m * kp;
   pad_rows(a, m, k, a_row, kp, sa, ua, threads);
-  const int64_t row_panels = (m + kPanelRows - 1) / kPanelRows;
-  const int64_t col_panels = (blocks + kPanelBlocks - 1) / kPanelBlocks;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t task = 0; task < row_panels * col_panels; ++task) {
-    const int64_t r0 = task / col_panels * kPanelRows, r1 = std::min(m, r0 + kPanelRows);
-    const int64_t b0 = task % col_panels * kPanelBlocks;
-    const int64_t b1 = std::min(blocks, b0 + kPanelBlocks);
+  int8_gemm::for_each_panel(m, blocks, kPanelRows, kPanelBlocks, threads,
+                            [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {  // the block's weights stay in L1 over the rows
       const int8_t* wb = w_packed + b * kp * kBlock;
       const int cols = (int)std::min<int64_t>(kBlock, n - b * kBlock);
@@ -182,7 +164,7 @@ int vllm_int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
         rows_tile(rows, sa + r * kp, ua + r * kp, kp, wb, r, b * kBlock, cols, dq, out, n);
       }
     }
-  }
+  });
   return 0;
 #endif
 }

@@ -148,17 +148,15 @@ def dequantize_rows(lib: ctypes.CDLL, acc: torch.Tensor, row_scales: torch.Tenso
     return out
 
 
-def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
-                   row_scales: torch.Tensor, col_scales: torch.Tensor,
-                   bias: Optional[torch.Tensor], mode: int,
-                   other: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """q [M, K] int8 (unit column stride) x the AVX2-packed int8 weight of n output columns
-    (csrc/int8_gemm_avx2.cpp: [ceil(n / 16), ceil(K / 4), 16, 4]), exact int32 sums turned
-    back to float in the same pass as `dequantize_rows` does: float32 [M, n]."""
+def _packed_gemm_args(q: torch.Tensor, packed: torch.Tensor, n: int, block: int,
+                      row_scales: torch.Tensor, col_scales: torch.Tensor,
+                      bias: Optional[torch.Tensor], other: Optional[torch.Tensor]) -> tuple:
+    """The checked operands of a fused int8 GEMM over a packed weight
+    ([ceil(n / block), ceil(K / 4), block, 4]) and its output: (m, k, out float32 [m, n],
+    the pointers of bias and other and other's row stride)."""
     _check(q.dtype == torch.int8 and q.dim() == 2 and q.stride(1) == 1,
            f"q must be int8 [M, K] with unit column stride; got {q.dtype} {tuple(q.shape)}")
     m, k = q.shape
-    block = lib.vllm_int8_gemm_avx2_block()
     shape = (-(-n // block), -(-k // 4), block, 4)
     _check(packed.dtype == torch.int8 and tuple(packed.shape) == shape and
            packed.is_contiguous(), f"packed must be contiguous int8 {shape}")
@@ -166,11 +164,42 @@ def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: i
            and col_scales.numel() == n and row_scales.is_contiguous() and
            col_scales.is_contiguous(), f"scales must be contiguous float32 [{m}] and [{n}]")
     _check_epilogue(bias, other, m, n)
-    out = torch.empty((m, n), dtype=torch.float32)
+    return (m, k, torch.empty((m, n), dtype=torch.float32),
+            0 if bias is None else bias.data_ptr(), 0 if other is None else other.data_ptr(),
+            0 if other is None else other.stride(0))
+
+
+def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
+                   row_scales: torch.Tensor, col_scales: torch.Tensor,
+                   bias: Optional[torch.Tensor], mode: int,
+                   other: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q [M, K] int8 (unit column stride) x the AVX2-packed int8 weight of n output columns
+    (csrc/int8_gemm_avx2.cpp: [ceil(n / 16), ceil(K / 4), 16, 4]), exact int32 sums turned
+    back to float in the same pass as `dequantize_rows` does: float32 [M, n]."""
+    m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
+        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
     _check(lib.vllm_int8_gemm_avx2(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
-        col_scales.data_ptr(), 0 if bias is None else bias.data_ptr(),
-        0 if other is None else other.data_ptr(), 0 if other is None else other.stride(0),
-        mode, out.data_ptr(), torch.get_num_threads()) == 0,
+        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out.data_ptr(),
+        torch.get_num_threads()) == 0,
         "int8_gemm_avx2: the kernel library was built without AVX2")
+    return out
+
+
+def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
+                   comp: torch.Tensor, n: int, row_scales: torch.Tensor,
+                   col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
+                   other: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """As `int8_gemm_avx2` on csrc/int8_gemm_vnni.cpp (AVX512-VNNI): the same packed
+    weight, plus comp int32 [ceil(n / 16) * 16], 128 times each column's weight sum."""
+    m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
+        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
+    _check(comp.dtype == torch.int32 and comp.is_contiguous() and
+           comp.numel() == packed.shape[0] * 16, "comp must be contiguous int32 "
+           f"[{packed.shape[0] * 16}]")
+    _check(lib.vllm_int8_gemm_vnni(
+        q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), comp.data_ptr(), n,
+        row_scales.data_ptr(), col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode,
+        out.data_ptr(), torch.get_num_threads()) == 0,
+        "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
     return out

@@ -143,6 +143,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_avx2.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] +
                                             [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
                                                           ctypes.c_int])
+    if hasattr(lib, "vllm_int8_gemm_vnni"):
+        lib.vllm_int8_gemm_vnni_built.restype = ctypes.c_int
+        lib.vllm_int8_gemm_vnni.restype = ctypes.c_int
+        lib.vllm_int8_gemm_vnni.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64] +
+                                            [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
+                                                          ctypes.c_int])
     return lib
 
 
@@ -210,28 +216,50 @@ def int8_kernels() -> Optional[tuple[Callable, Callable]]:
     return functools.partial(quantize_rows, lib), functools.partial(dequantize_rows, lib)
 
 
+def _int8_gemm_kernel(name: str, flags: set[str], build: str, cpu: str
+                      ) -> Optional[Callable]:
+    """cpu_kernel_calls.`name` bound to the library (`f.block`: the packed weight's block of
+    columns), or None, its status saying why: no library, a library built without
+    `vllm_<name>` (`build`: which builds), or a CPU without `flags` (named `cpu`)."""
+    lib = library()
+    if lib is None:
+        _status[name] = _status["library"]
+        return None
+    if not hasattr(lib, f"vllm_{name}") or not getattr(lib, f"vllm_{name}_built")():
+        _status[name] = f"unavailable (the library was built without it: {build}, or " \
+            "before it existed)"
+        return None
+    if not flags <= cpu_flags():
+        _status[name] = f"unavailable (this CPU has no {cpu})"
+        return None
+    _status[name] = _status["library"]
+    from vllm._kernels import cpu_kernel_calls
+    kernel = functools.partial(getattr(cpu_kernel_calls, name), lib)
+    kernel.block = lib.vllm_int8_gemm_avx2_block()  # both kernels' packed layout
+    return kernel
+
+
 def int8_gemm_avx2_kernel() -> Optional[Callable]:
     """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None) -> float32 [M, n]`:
     the exact s8 x s8 GEMM for CPUs with AVX2 and no int8 dot products, dequantized as
     `dequantize_rows` in the same pass (csrc/int8_gemm_avx2.cpp; `f.block`: the packed
     weight's block of columns), or None where the library, its AVX2 build or this CPU's
     AVX2 is missing."""
-    lib = library()
-    if lib is None:
-        _status["int8_gemm_avx2"] = _status["library"]
-        return None
-    if not hasattr(lib, "vllm_int8_gemm_avx2") or not lib.vllm_int8_gemm_avx2_built():
-        _status["int8_gemm_avx2"] = "unavailable (the library was built without it: " \
-            "no AVX2, or before it existed)"
-        return None
-    if not ISA_FLAGS["avx2"] <= cpu_flags():
-        _status["int8_gemm_avx2"] = "unavailable (this CPU has no AVX2)"
-        return None
-    _status["int8_gemm_avx2"] = _status["library"]
-    from vllm._kernels.cpu_kernel_calls import int8_gemm_avx2
-    kernel = functools.partial(int8_gemm_avx2, lib)
-    kernel.block = lib.vllm_int8_gemm_avx2_block()
-    return kernel
+    return _int8_gemm_kernel("int8_gemm_avx2", ISA_FLAGS["avx2"], "no AVX2", "AVX2")
+
+
+# /proc/cpuinfo flags the VNNI int8 GEMM (csrc/int8_gemm_vnni.cpp) needs
+VNNI_FLAGS = {"avx512f", "avx512bw", "avx512_vnni"}
+
+
+def int8_gemm_vnni_kernel() -> Optional[Callable]:
+    """`f(q, packed, comp, n, row_scales, col_scales, bias, mode, other=None) -> float32
+    [M, n]`: the s8 x s8 GEMM on AVX512-VNNI over the AVX2 kernel's packed weight (and comp,
+    128 times its column sums), dequantized as `dequantize_rows` in the same pass
+    (csrc/int8_gemm_vnni.cpp), or None where the library, its AVX512-VNNI build or this
+    CPU's AVX512-VNNI is missing."""
+    return _int8_gemm_kernel("int8_gemm_vnni", VNNI_FLAGS,
+                             "not for a CPU with AVX512-VNNI", "AVX512-VNNI")
 
 
 def kernel_isa() -> Optional[str]:

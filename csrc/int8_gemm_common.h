@@ -1,0 +1,57 @@
+// What the two fused int8 GEMMs (int8_gemm_avx2.cpp, int8_gemm_vnni.cpp) share: the packed
+// weight's block of 16 output columns, the float end of a register tile's rows (through
+// int8_dequantize.h, so both give the separate pass's floats), and the split of the output
+// into row panels x column panels for OpenMP.
+#pragma once
+
+#include "int8_dequantize.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace int8_gemm {
+
+constexpr int kBlock = 16;  // output columns per packed block (layers/int8_linear.pack_avx2)
+
+#if VLLM_SIMD_WIDTH
+// The float end: row and column scales, bias, epilogue mode and its other operand.
+struct Dequantize {
+  const float* row_scales;
+  const float* col_scales;
+  const float* bias;   // or null
+  const float* other;  // [M, N] of row stride other_row (modes 1, 2), or null
+  int64_t other_row;
+  int mode;
+};
+
+// Row m's int32 sums of `cols` columns from column c0 (a multiple of 16, so the span's
+// vectors fall on the same columns as the separate pass's) back to float in out (row
+// stride ldc).
+inline void store_row(const int32_t* sums, int64_t m, int64_t c0, int cols,
+                      const Dequantize& dq, float* out, int64_t ldc) {
+  int8_dequantize::span(sums, cols, dq.row_scales[m], dq.col_scales + c0,
+                        dq.bias ? dq.bias + c0 : nullptr,
+                        dq.other ? dq.other + m * dq.other_row + c0 : nullptr, dq.mode,
+                        out + m * ldc + c0);
+}
+
+// fn(r0, r1, b0, b1) over the tasks of panel_rows rows x panel_blocks blocks that cover m
+// rows x `blocks` blocks, spread over `threads`. Dynamic, so that on a machine shared with
+// other processes a thread that loses its core takes fewer tasks, not holding up the rest
+// (the tasks are large: an atomic increment each costs nothing).
+template <class Fn>
+void for_each_panel(int64_t m, int64_t blocks, int64_t panel_rows, int64_t panel_blocks,
+                    int threads, Fn fn) {
+  const int64_t row_panels = (m + panel_rows - 1) / panel_rows;
+  const int64_t col_panels = (blocks + panel_blocks - 1) / panel_blocks;
+#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(dynamic)
+  for (int64_t task = 0; task < row_panels * col_panels; ++task) {
+    const int64_t r0 = task / col_panels * panel_rows, b0 = task % col_panels * panel_blocks;
+    fn(r0, std::min(m, r0 + panel_rows), b0, std::min(blocks, b0 + panel_blocks));
+  }
+}
+#endif
+
+}  // namespace int8_gemm

@@ -1,0 +1,183 @@
+"""quantization="int8" on the fused AVX512-VNNI kernel (csrc/int8_gemm_vnni.cpp, path
+"VNNI_FUSED"): its floats bit-identical to the oneDNN path's (torch._int_mm, then
+`dequantize_rows`) on random shapes, every epilogue mode and the int8 range's edges; its
+int32 sums exact (the u8 shift a + 128 and the per-column compensation cancel); every
+layer entry point and MiniLM's embeddings through the engine equal across the two paths;
+the path chosen and refused as `int8_linear.choose_path` says. The kernel's tests skip on
+CPUs without AVX512-VNNI; the path choice is tested everywhere.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from test_int8_avx2 import TEXTS
+from vllm._kernels import cpu_kernels
+from vllm.model_executor.layers import int8_linear as i8
+
+VNNI = cpu_kernels.VNNI_FLAGS <= cpu_kernels.cpu_flags()
+needs_vnni = pytest.mark.skipif(not VNNI, reason="the VNNI int8 kernel needs a CPU with "
+                                "AVX512-VNNI (avx512_vnni, avx512bw, avx512f)")
+MODES = range(6)  # none, add, mul, gelu, silu, relu (skinny_gemm.MODES)
+
+
+@pytest.fixture(scope="module")
+def vnni_gemm() -> Callable:
+    kernel = cpu_kernels.int8_gemm_vnni_kernel()
+    if kernel is None:
+        status = cpu_kernels.kernel_status("int8_gemm_vnni")
+        if cpu_kernels.kernel_isa() != "avx512":  # e.g. the x86-64-v3 build loaded
+            pytest.skip(f"the VNNI int8 kernel is {status}")
+        pytest.fail(f"an AVX-512 build on an AVX512-VNNI CPU lacks the kernel: {status}")
+    return kernel
+
+
+def _reference(acc: torch.Tensor, rs, cs, bias, mode: int, other) -> torch.Tensor:
+    """The oneDNN path's floats from exact int32 sums: `dequantize_rows` (C++)."""
+    _, dequantize = cpu_kernels.int8_kernels()
+    return dequantize(acc, rs, cs, bias, mode, other)
+
+
+def _exact_sums(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """a @ w.T in int64, checked to fit int32, as int32; and torch._int_mm's where exact
+    (not at K = 1: there torch 2.13's CPU _int_mm returns garbage; no model has K = 1)."""
+    acc = a.long() @ w.long().t()
+    assert acc.abs().max() < 2 ** 31
+    if i8.int8_gemm_exact() and a.shape[1] > 1:
+        assert torch.equal(torch._int_mm(a.contiguous(), w.t()).long(), acc)
+    return acc.int()
+
+
+def _run(kernel, a, w, rs, cs, bias, mode, other):
+    return kernel(a, i8.pack_avx2(w), i8.column_compensation(w), w.shape[0], rs, cs, bias,
+                  mode, other)
+
+
+@needs_vnni
+def test_kernel_bit_identical_on_random_shapes_and_modes(vnni_gemm):
+    """M 1..70 (tiles of 1-6 rows, past a 48-row panel), K not a multiple of 4 (nor of 64),
+    N not a multiple of 16 (nor of a 64-column tile), K past one 512 chunk; activations
+    strided as models pass them; every epilogue mode, with and without bias."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(1, 37, 21), (2, 3, 5), (5, 100, 75), (6, 64, 16), (7, 255, 129),
+              (13, 385, 1000), (48, 1, 17), (49, 520, 65), (70, 1537, 40), (31, 130, 200)]
+    failed = []
+    for m, k, n in shapes:
+        a = torch.randint(-127, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:k + 2]
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        b, other = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+        acc = _exact_sums(a, w)
+        for mode in MODES:
+            for bias in (None, b):
+                o = other if mode in (1, 2) else None
+                got = _run(vnni_gemm, a, w, rs, cs, bias, mode, o)
+                if not torch.equal(got, _reference(acc, rs, cs, bias, mode, o)):
+                    failed.append((m, k, n, mode, bias is not None))
+    assert failed == []
+
+
+@needs_vnni
+def test_kernel_sums_exact_at_the_int8_edges(vnni_gemm):
+    """Unit scales give the int32 sums back as floats (exact below 2^24): all +-127 (the
+    largest |sums| and compensations), alternating signs, -128 (u = 0: still exact, though
+    the quantizer never makes it) and a K of 1001 whose sums reach 127 * 127 * 1001."""
+    cases = []
+    for av in (127, -127, -128):
+        for wv in (127, -127):
+            cases.append((torch.full((9, 1001), av, dtype=torch.int8),
+                          torch.full((33, 1001), wv, dtype=torch.int8)))
+    alternating = torch.tensor([127, -127] * 50, dtype=torch.int8)
+    cases.append((alternating.repeat(7, 1), alternating.repeat(20, 1)))
+    cases.append((alternating.repeat(7, 1), -alternating.repeat(20, 1)))
+    for a, w in cases:
+        acc = _exact_sums(a, w)
+        assert acc.abs().max() < 2 ** 24
+        m, n = acc.shape
+        got = _run(vnni_gemm, a, w, torch.ones(m), torch.ones(n), None, 0, None)
+        assert torch.equal(got, acc.float()), (a[0, :2], w[0, :2])
+
+
+@needs_vnni
+def test_kernel_refuses_a_wrong_layout(vnni_gemm):
+    q, w = torch.zeros(2, 40, dtype=torch.int8), torch.zeros(16, 40, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="packed must be"):
+        vnni_gemm(q, torch.zeros(1, 9, 16, 4, dtype=torch.int8), i8.column_compensation(w),
+                  16, torch.ones(2), torch.ones(16), None, 0)
+    with pytest.raises(RuntimeError, match="comp must be"):
+        vnni_gemm(q, i8.pack_avx2(w), torch.zeros(15, dtype=torch.int32), 16, torch.ones(2),
+                  torch.ones(16), None, 0)
+
+
+@needs_vnni
+def test_layers_equal_the_onednn_path(vnni_gemm):
+    """Every entry point of VnniInt8Gemm gives Int8Gemm's (oneDNN) floats bit for bit."""
+    if not i8.int8_gemm_exact():
+        pytest.skip("torch._int_mm is not exact in this process (ONEDNN_MAX_CPU_ISA)")
+    kernels = cpu_kernels.int8_kernels()
+    fused, onednn = i8.VnniInt8Gemm(kernels, vnni_gemm), i8.Int8Gemm(kernels)
+    assert fused.path == "VNNI_FUSED"
+    g = torch.Generator().manual_seed(1)
+    for rows in (1, 9, 70):
+        x = torch.randn(2, rows, 100, generator=g)
+        w, b = torch.randn(75, 100, generator=g) / 10, torch.randn(75, generator=g)
+        other = torch.randn(2, rows, 75, generator=g)
+        pf, po = fused.pack(w), onednn.pack(w)
+        calls = {"plain": lambda gm, p: gm.linear(x, p, b, None),
+                 "gelu": lambda gm, p: gm.linear(x, p, b, "gelu"),
+                 "gelu_tanh": lambda gm, p: gm.linear(x, p, b, "gelu_tanh"),
+                 "silu": lambda gm, p: gm.linear(x, p, b, "silu"),
+                 "relu": lambda gm, p: gm.linear(x, p, None, "relu"),
+                 "add": lambda gm, p: gm.linear_add(x, other, p, b),
+                 "mul": lambda gm, p: gm.linear_mul(x, other, p, b)}
+        for name, call in calls.items():
+            assert torch.equal(call(fused, pf), call(onednn, po)), (rows, name)
+        assert torch.equal(fused.gated(x, (fused.pack(w[:36]), fused.pack(w[36:72]))),
+                           onednn.gated(x, (onednn.pack(w[:36]), onednn.pack(w[36:72]))))
+    assert fused.linear(torch.empty(0, 100), pf, b, None).shape == (0, 75)
+
+
+@pytest.mark.parametrize("flags,forced,default,vnni_ok,want", [
+    ({"avx2", "avx512_vnni"}, "vnni_fused", False, True, "VNNI_FUSED"),   # forced
+    ({"avx2", "avx512_vnni"}, "auto", True, True, "VNNI_FUSED"),         # the default
+    ({"avx2", "avx512_vnni"}, "auto", False, True, "VNNI"),              # oneDNN's
+    ({"avx2", "avx512_vnni"}, "auto", True, False, "VNNI"),              # kernel missing
+    ({"avx2", "avx512_vnni", "amx_int8"}, "auto", True, True, "AMX"),    # AMX stays oneDNN
+    ({"avx2", "avx_vnni"}, "auto", True, True, "VNNI"),                  # AVX-VNNI only
+    ({"avx2", "avx512_vnni"}, "onednn", True, True, "VNNI"),
+    ({"avx2", "avx512_vnni"}, "avx2", True, True, "AVX2"),
+])
+def test_path_chosen(monkeypatch, flags, forced, default, vnni_ok, want):
+    monkeypatch.setattr(i8, "VNNI_FUSED_BY_DEFAULT", default)
+    path, why = i8.choose_path(flags, forced, lambda: True, lambda: None,
+                               lambda: None if vnni_ok else "missing")
+    assert path == want and why
+
+
+def test_forced_path_refused_where_the_kernel_cannot_run():
+    with pytest.raises(ValueError, match="VLLM_CPU_INT8_PATH=vnni_fused: the VNNI kernel "
+                       "is unavailable"):
+        i8.choose_path({"avx2"}, "vnni_fused", lambda: True, lambda: None,
+                       lambda: "unavailable (this CPU has no AVX512-VNNI)")
+
+
+@needs_vnni
+def test_minilm_embeddings_equal_across_paths(minilm_dir, vnni_gemm, vllm_log, monkeypatch):
+    """The engine on VLLM_CPU_INT8_PATH=vnni_fused and =onednn: the same embeddings, bit
+    for bit (same quantization, same int32 sums, same float end), logged path."""
+    from vllm import LLM
+    if not i8.int8_gemm_exact():
+        pytest.skip("torch._int_mm is not exact in this process (ONEDNN_MAX_CPU_ISA)")
+    embeddings = {}
+    for forced, path in (("vnni_fused", "VNNI_FUSED"), ("onednn", "VNNI")):
+        monkeypatch.setenv("VLLM_CPU_INT8_PATH", forced)
+        llm = LLM(minilm_dir, quantization="int8")
+        model = llm.llm_engine.runner.model
+        assert {m.gemm.path for m in model.modules() if getattr(m, "gemm", None) is not None
+                and getattr(m.gemm, "name", None) == "int8"} == {path}
+        embeddings[path] = np.array([o.outputs.embedding for o in llm.embed(TEXTS)])
+    assert "int8 projections: VNNI_FUSED path (C++ vpdpbusd kernel" in vllm_log.text
+    np.testing.assert_array_equal(embeddings["VNNI_FUSED"], embeddings["VNNI"])
