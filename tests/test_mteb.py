@@ -13,7 +13,7 @@ import mteb
 import pytest
 
 import model_factory as mf
-from test_int8 import needs_int8_dot
+from test_int8 import needs_int8
 from vllm.entrypoints.mteb_encoder import VllmEncoder
 
 DATA = pathlib.Path(__file__).parent / "data" / "sts_local.tsv"
@@ -76,7 +76,7 @@ def test_mteb_sts_matches_sentence_transformers(shared_llm, st_dirs, family):
         assert abs(engine[key] - reference[key]) <= TOL, (family, key, engine, reference)
 
 
-@needs_int8_dot
+@needs_int8
 def test_mteb_sts_int8_close_to_float32(shared_llm, minilm_dir):
     """quantization="int8" on the real MiniLM, the local STS task against float32: cosine
     Pearson within 0.005 (half a point on MTEB's 0-100 scale). Spearman over 40 pairs moves
