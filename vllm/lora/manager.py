@@ -23,7 +23,7 @@ from vllm.lora.layers import AdapterHeads, LoRALayer
 from vllm.lora.peft_config import PeftConfig, content_digest
 from vllm.lora.request import LoRARequest
 from vllm.lora.step import StepRows
-from vllm.lora.targets import check_supported
+from vllm.lora.targets import prepare
 
 logger = init_logger(__name__)
 
@@ -39,7 +39,7 @@ class LoadedAdapter:
 class LoRAManager:
     def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device,
                  dtype: torch.dtype, per_request_head: bool) -> None:
-        check_supported(model.model)
+        prepare(model.model)
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.step = StepRows()
         self.heads = AdapterHeads(model.head, self.step, per_request_head) \

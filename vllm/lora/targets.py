@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from vllm.model_executor.lora_target import LoRATarget as Target
+from vllm.model_executor.lora_target import LoRATarget as Target, UnsupportedTarget
 
 _WRAPPER = "base_model.model."
 
@@ -42,6 +42,8 @@ def locate(backbone: nn.Module, module: str) -> Target:
     check_supported(backbone)
     try:
         return backbone.lora_target(module)
+    except UnsupportedTarget:
+        raise  # the backbone's own refusal names the module and why
     except (AttributeError, KeyError, ValueError):
         raise ValueError(f"The LoRA adapter targets {module!r}, which is not a projection "
                          f"of {type(backbone).__name__}; adapters may target the attention "
@@ -54,4 +56,14 @@ def check_supported(backbone: nn.Module) -> None:
     if not callable(getattr(backbone, "lora_target", None)):
         raise ValueError(f"enable_lora: LoRA adapters are not supported on "
                          f"{type(backbone).__name__}; they are on the Llama/Qwen2/Qwen3/Gemma "
-                         "decoders and the BERT, RoBERTa, XLM-R and ModernBERT encoders.")
+                         "decoders, the BERT, RoBERTa, XLM-R and ModernBERT encoders and "
+                         "the Transformers backend.")
+
+
+def prepare(backbone: nn.Module) -> None:
+    """Once, when LoRA is enabled: refuse a backbone adapters cannot target, and let one
+    that declares `prepare_lora` get its projections ready."""
+    check_supported(backbone)
+    hook = getattr(backbone, "prepare_lora", None)
+    if callable(hook):
+        hook()

@@ -4,6 +4,8 @@ PEFT names modules as Transformers does (`q_proj`, `attention.self.query`, `Wqkv
 backbones fuse some of them (`qkv_proj`, `gate_up_proj`, BERT's `qkv`) and store query /
 key rows with rotary pairs interleaved. A backbone that adapters may target declares
 `lora_target(module) -> LoRATarget` (vllm.lora calls it); one without it refuses LoRA.
+A backbone may also declare `prepare_lora()`, called once when the engine enables LoRA
+(the Transformers backend makes its `nn.Linear` projections LoRA-capable then).
 """
 from __future__ import annotations
 
@@ -14,6 +16,11 @@ import torch
 from torch import nn
 
 from vllm.model_executor.layers.linear import Linear
+
+
+class UnsupportedTarget(ValueError):
+    """A module the adapter names that this backbone cannot take LoRA on; its message is
+    the refusal shown to the user as is."""
 
 
 @dataclass

@@ -16,7 +16,8 @@ transformers loads the weights itself (`from_pretrained`): its key renames and t
 conversions (fused MoE experts in transformers 5, legacy names) apply as in the reference.
 Causal task heads (`score`) stay the engine's, loaded by the model loader; an encoder
 classifier loads its transformers task class and keeps that class's own head
-(`transformers_heads.TaskHead`), its backbone served here.
+(`transformers_heads.TaskHead`), its backbone served here. LoRA adapters target the
+model's `nn.Linear` projections (`transformers_lora.py`), in both step layouts.
 """
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ from vllm.attention.metadata import AttentionMetadata
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.transformers_arch import base_model_class, encoder_task_class
+from vllm.model_executor.lora_target import LoRATarget
 from vllm.model_executor.models.transformers_attention import (ATTN_IMPLEMENTATION,
                                                                STEP_KWARG, AttentionProbe,
                                                                attach_engine_layers)
+from vllm.model_executor.models.transformers_lora import RowLayout, lora_target, wrap_linears
 
 logger = init_logger(__name__)
 
@@ -74,6 +77,7 @@ class TransformersModel(nn.Module):
         self.position_offset = 0 if causal else _position_offset(self.hf)
         pad = getattr(config, "pad_token_id", None)
         self._pad_id = pad if isinstance(pad, int) else 0
+        self._rows = RowLayout()
 
     # ----- attention routing ------------------------------------------------------------
     def _route_attention(self) -> None:
@@ -106,6 +110,16 @@ class TransformersModel(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return list(self._layers)
+
+    # ----- LoRA -------------------------------------------------------------------------
+    def prepare_lora(self) -> None:
+        """enable_lora: the model's `nn.Linear` projections take the step's LoRA add."""
+        count = wrap_linears(self.hf, self._rows)
+        logger.info("Transformers backend: %d nn.Linear projections of %s can take LoRA "
+                    "adapters.", count, type(self.hf).__name__)
+
+    def lora_target(self, module: str) -> LoRATarget:
+        return lora_target(self.hf, module)
 
     # ----- forward ----------------------------------------------------------------------
     def _extra_kwargs(self, token_type_ids: Optional[torch.Tensor] = None) -> dict:
@@ -147,7 +161,11 @@ class TransformersModel(nn.Module):
         kwargs = self._extra_kwargs()
         if types is not None and "token_type_ids" in self._takes:
             kwargs["token_type_ids"] = types
-        hidden = self.hf(input_ids=ids, attention_mask=mask, **kwargs)[0]
+        self._rows.padded(mask)
+        try:
+            hidden = self.hf(input_ids=ids, attention_mask=mask, **kwargs)[0]
+        finally:
+            self._rows.padded(None)
         return hidden[mask.bool()]
 
     # ----- weights ----------------------------------------------------------------------

@@ -53,6 +53,11 @@ class TaskHead(nn.Module):
         head._modules[prefix] = _PooledRows(pooler if isinstance(pooler, nn.Module) else None)
         self.task = head
         self.per_token_head = per_token
+        # The head's own modules by name as well (shared, not copied): a LoRA adapter that
+        # saved its `classifier` replaces that module in a copy of this head.
+        for name, child in task_model.named_children():
+            if name != prefix and name not in self._modules:
+                self.add_module(name, child)
 
     def _logits(self, states: torch.Tensor) -> torch.Tensor:
         return self.task(inputs_embeds=states).logits
