@@ -258,11 +258,40 @@ def test_causal_token_classifier_equals_transformers(name, root):
         assert mf.max_abs_diff(torch.as_tensor(out.outputs.data), ref) <= ATOL
 
 
-def test_class_transformers_lacks_is_refused(decoder_dirs, root):
-    path = mf.copy_checkpoint(decoder_dirs["smollm3"], root / "granite_like",
-                              architectures=["GraniteForSequenceClassification"])
-    with pytest.raises(ValueError, match="has no class GraniteForSequenceClassification"):
-        LLM(str(path))
+def test_family_classifier_transformers_lacks_takes_the_score_head(root):
+    """GraniteForSequenceClassification: transformers has Granite but no such class; as
+    upstream's as_seq_cls_model, the backend serves Granite's base model with the engine's
+    `score` head on the last token (Granite's multipliers included), cached and chunked."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+    path = mf._fresh(root / "granite_cls")
+    eos = mf.bpe_token_id(mf.BPE_EOS)
+    _build(path, "GraniteConfig", "GraniteForCausalLM", 60, vocab_size=mf.BPE_VOCAB,
+           bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=False,
+           embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
+           logits_scaling=4.0, **_DEC)
+    mf.save_bpe_tokenizer(path)
+    weights = {k: v for k, v in load_file(str(path / "model.safetensors")).items()
+               if not k.startswith("lm_head.")}
+    weights["score.weight"] = torch.randn(2, _DEC["hidden_size"],
+                                          generator=torch.Generator().manual_seed(7)) / 8
+    save_file(weights, str(path / "model.safetensors"))
+    mf.edit_config(path, architectures=["GraniteForSequenceClassification"], num_labels=2)
+    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=32, block_size=16)
+    cfg = llm.llm_engine.vllm_config
+    assert cfg.model_config.impl == "transformers"
+    assert cfg.cache_config.enable_prefix_caching and cfg.scheduler_config.enable_chunked_prefill
+    base = transformers.GraniteModel.from_pretrained(str(path), dtype=torch.float32).eval()
+    shared = mf.text_of_length(mf.hf_tokenizer(str(path)), 40, seed=3)
+    prompts = [shared + " " + p for p in _prompts(str(path))]
+    first = llm.classify(prompts, use_tqdm=False)
+    second = llm.classify(prompts, use_tqdm=False)
+    assert all(o.num_cached_tokens > 0 for o in second)
+    for out in first + second:
+        with torch.inference_mode():
+            hidden = base(input_ids=torch.tensor([out.prompt_token_ids])).last_hidden_state
+        ref = torch.softmax(hidden[0, -1] @ weights["score.weight"].t(), dim=-1)
+        assert mf.max_abs_diff(torch.as_tensor(out.outputs.probs), ref) <= ATOL
 
 
 # ------------------------------------------------------------------ sentence-transformers Dense

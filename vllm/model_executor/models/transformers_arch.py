@@ -96,7 +96,8 @@ def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "",
         raise untrusted_remote_code(arch_name, remote.class_ref(arch_name))
     if own_code and remote.base_ref is None:
         raise remote_without_base(arch_name)
-    if not own_code and not has_transformers_class(arch_name):
+    if not own_code and not has_transformers_class(arch_name) and \
+            not causal_classifier_of_family(arch_name, hf_config):
         raise no_class(arch_name, native_error)
     structural_refusal(arch_name, hf_config)
     causal = remote.is_causal(hf_config) if own_code else is_causal_family(hf_config)
@@ -110,6 +111,14 @@ def backend_architecture(arch_name: str, hf_config: Any, native_error: str = "",
         raise unknown_suffix(arch_name, (*_TASK_HEADS, *_EMBED_SUFFIXES))
     pooling = "LAST" if causal else "CLS"
     return ResolvedArch(arch_name, _entry(causal, "embed", pooling), None, pooling, "embed")
+
+
+def causal_classifier_of_family(arch_name: str, hf_config: Any) -> bool:
+    """A `*ForSequenceClassification` transformers has no class for (GraniteForSequence-
+    Classification) on a causal family it has: served as that family's base model with the
+    engine's `score` head on the last token, as upstream's as_seq_cls_model does."""
+    return arch_name.endswith("ForSequenceClassification") and hf_config is not None and \
+        is_causal_family(hf_config)
 
 
 def convert_backend_architecture(arch: ResolvedArch, convert: str) -> ResolvedArch:
