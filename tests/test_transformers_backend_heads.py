@@ -309,6 +309,9 @@ ST_ENCODERS = {
                pad_token_id=0),
     "distilbert_dense": dict(dim=64, hidden_dim=128, n_layers=2, n_heads=4,
                              max_position_embeddings=256),
+    # EuroBERT: a Llama-style bidirectional encoder (rotary, RMSNorm, SwiGLU), mean pooling
+    "eurobert": dict(_SMALL, num_key_value_heads=4, max_position_embeddings=256,
+                     pad_token_id=0, bos_token_id=101, eos_token_id=102, mask_token_id=103),
 }
 
 
@@ -324,16 +327,26 @@ def distilbert_dense_dir(root) -> str:
                        dense=(64, 32))
 
 
+@pytest.fixture(scope="module")
+def eurobert_dir(root) -> str:
+    return _st_encoder(root, "eurobert", "EuroBertConfig", "EuroBertModel", normalize=True)
+
+
 @pytest.mark.parametrize("name,dim,whole", [("t5_dir", 48, True),
-                                            ("distilbert_dense_dir", 32, False)])
+                                            ("distilbert_dense_dir", 32, False),
+                                            ("eurobert_dir", 64, False)])
 def test_st_dense_modules_equal_sentence_transformers(name, dim, whole, request):
     """Pooling, Dense (Identity without bias for sentence-t5, Tanh for DistilBERT) and
     Normalize after the backend's backbone, equal to sentence-transformers' encode."""
     path = request.getfixturevalue(name)
     llm = LLM(path, dtype="float32")
-    mc = llm.llm_engine.vllm_config.model_config
+    cfg = llm.llm_engine.vllm_config
+    mc = cfg.model_config
     assert mc.impl == "transformers" and mc.whole_sequences is whole
     assert mc.pooler_config.pooling_type == "MEAN"
+    # bidirectional encoders (EuroBERT's Llama-style layers too): no caching, no chunking
+    assert not cfg.cache_config.enable_prefix_caching
+    assert not cfg.scheduler_config.enable_chunked_prefill
     prompts = _prompts(path)
     ref = mf.st_encode(path, prompts)
     for out, r in zip(llm.embed(prompts, use_tqdm=False), ref):
