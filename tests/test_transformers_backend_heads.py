@@ -294,6 +294,44 @@ def test_family_classifier_transformers_lacks_takes_the_score_head(root):
         assert mf.max_abs_diff(torch.as_tensor(out.outputs.probs), ref) <= ATOL
 
 
+def test_vision_language_classifier_on_text_equals_transformers(root):
+    """Gemma3ForSequenceClassification over a Gemma3Config (text + vision towers): not the
+    native text-only Gemma 3 (its config is nested), but the backend's Gemma3Model on text
+    prompts with the engine's score head; causal, so cached and chunked, equal to
+    transformers' own class."""
+    import transformers
+    path = mf._fresh(root / "gemma3_vl_cls")
+    eos = mf.bpe_token_id(mf.BPE_EOS)
+    text = dict(_DEC, head_dim=16, vocab_size=mf.BPE_VOCAB, sliding_window=16,
+                layer_types=["sliding_attention", "full_attention"], bos_token_id=eos,
+                eos_token_id=eos, pad_token_id=eos)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=32, patch_size=8)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision,
+                                    mm_tokens_per_image=4, num_labels=2, bos_token_id=eos,
+                                    eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(mf.SEED + 61)
+    model = transformers.Gemma3ForSequenceClassification(cfg)
+    mf._perturb(model)
+    mf._save(model, path)
+    mf.save_bpe_tokenizer(path)
+    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=32, block_size=16)
+    vc = llm.llm_engine.vllm_config
+    assert vc.model_config.impl == "transformers"
+    assert vc.cache_config.enable_prefix_caching and vc.scheduler_config.enable_chunked_prefill
+    shared = mf.text_of_length(mf.hf_tokenizer(str(path)), 40, seed=3)
+    prompts = [shared + " " + p for p in _prompts(str(path))]
+    first = llm.classify(prompts, use_tqdm=False)
+    second = llm.classify(prompts, use_tqdm=False)
+    assert all(o.num_cached_tokens > 0 for o in second)
+    model.eval()
+    for out in first + second:
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([out.prompt_token_ids])).logits[0]
+        ref = torch.softmax(logits.float(), dim=-1)
+        assert mf.max_abs_diff(torch.as_tensor(out.outputs.probs), ref) <= ATOL
+
+
 # ------------------------------------------------------------------ sentence-transformers Dense
 
 def _st_encoder(root, name: str, config_cls: str, model_cls: str, **st) -> str:

@@ -188,6 +188,12 @@ def supported_architectures() -> list[str]:
     return sorted(names)
 
 
+def _text_base_fits(base: ModelEntry, hf_config) -> bool:
+    """A text-only native base cannot read a vision-language checkpoint's nested config
+    (Gemma3ForSequenceClassification over Gemma3Config): that one is not native."""
+    return base.multimodal or getattr(hf_config, "vision_config", None) is None
+
+
 def resolve_architecture(arch: str, hf_config=None) -> ResolvedArch:
     """Find how to serve `arch` (with `hf_config`: its config variant, if any); raise
     ValueError listing the supported ones."""
@@ -204,7 +210,7 @@ def resolve_architecture(arch: str, hf_config=None) -> ResolvedArch:
         for base_name in (f"{prefix}ForCausalLM", f"{prefix}Model",
                           f"{prefix}ForConditionalGeneration"):
             base = _REGISTRY.get(base_name)
-            if base is not None and base.is_causal:
+            if base is not None and base.is_causal and _text_base_fits(base, hf_config):
                 return ResolvedArch(arch, base, convert, pooling, convert)
     raise ValueError(
         f"Model architecture {arch!r} is not supported. Supported architectures: "

@@ -185,7 +185,8 @@ class TransformersModel(nn.Module):
         if self._task_head:
             return self._task_head[0]
         from vllm.model_executor.models.adapters import ScoreHead
-        return ScoreHead(config.hidden_size, num_labels, bias="score.bias" in names)
+        hidden = config.get_text_config().hidden_size  # a VLM's classifier: its text model's
+        return ScoreHead(hidden, num_labels, bias="score.bias" in names)
 
 
 def _task_head(task_model: nn.Module, config) -> nn.Module:
