@@ -20,11 +20,13 @@ Writes results/bench_embed[_COMPOSITION][_bfloat16].json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import sys
 
 import vllm  # noqa: F401  (before torch loads: vllm.platforms.process, as a user's script gets)
 import numpy as np
+from vllm.attention.backends import cpu_native
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bench_peak import measured_peak  # noqa: E402
@@ -54,6 +56,18 @@ def vectors(outputs) -> np.ndarray:
 def token_lengths(tokenizer, texts: list[str]) -> list[int]:
     return [len(ids) for ids in tokenizer(texts, truncation=True,
                                           max_length=MAX_SEQ)["input_ids"]]
+
+
+@contextlib.contextmanager
+def without_bf16_attention():
+    """CPU_NATIVE as it is where the CPU has no AVX512-BF16: bfloat16 q/k/v cast to float32
+    for the float32 kernel."""
+    kernel = cpu_native.varlen_attention_bf16_kernel
+    cpu_native.varlen_attention_bf16_kernel = lambda: None
+    try:
+        yield
+    finally:
+        cpu_native.varlen_attention_bf16_kernel = kernel
 
 
 def first_passes(encoders: dict, args, flops_of) -> dict[str, dict]:
@@ -121,6 +135,14 @@ def main() -> None:
 
     encoders = {engine: run_engine,
                 baseline: lambda batch: st.encode(batch, batch_size=args.batch_size)}
+    f32_attention = f"vllm ({args.dtype}, float32 attention)"
+    if args.dtype == "bfloat16" and cpu_native.varlen_attention_bf16_kernel() is not None:
+        # the same engine with its attention as before the bfloat16 kernel: q/k/v cast to
+        # float32 for the float32 kernel (a same-run A/B of csrc/varlen_attention_bf16.cpp)
+        def run_f32_attention(batch: list[str]):
+            with without_bf16_attention():
+                return run_engine(batch)
+        encoders[f32_attention] = run_f32_attention
     extra = {}
     if not args.no_onnx:
         from onnx_baseline import OnnxEmbedder, missing
@@ -141,6 +163,11 @@ def main() -> None:
         extra.update({"min_cosine_vs_st_float32": float(cos_ref.min()),
                       "min_cosine_vs_engine_float32": float(cos_own.min()),
                       "mean_cosine_vs_engine_float32": float(cos_own.mean())})
+        if f32_attention in encoders:
+            with without_bf16_attention():
+                before = cosines(vectors(llm.embed(texts, use_tqdm=False)),
+                                 vectors(fp32.embed(texts, use_tqdm=False)))
+            extra["min_cosine_vs_engine_float32_with_float32_attention"] = float(before.min())
 
         def run_fp32(batch: list[str]):
             empty_prefix_cache(fp32)
@@ -152,7 +179,7 @@ def main() -> None:
     fresh = first_passes(encoders, args, flops_of=lambda batch: (
         model_flops(token_lengths(st.tokenizer, batch), block_linear_params(bert.encoder),
                     cfg.num_hidden_layers, cfg.hidden_size)))
-    peak = {label: measured_peak(args.dtype if label == engine else "float32")
+    peak = {label: measured_peak(args.dtype if label in (engine, f32_attention) else "float32")
             for label in runs}
     n_tok = sum(lengths)
     rows = {}
@@ -170,6 +197,11 @@ def main() -> None:
                                             / rows[own_fp32]["texts_per_s"])
         extra["first_pass_ratio_vs_engine_float32"] = (
             rows[engine]["first_pass_texts_per_s"] / rows[own_fp32]["first_pass_texts_per_s"])
+    if f32_attention in rows:
+        extra["ratio_bf16_attention_vs_float32_attention"] = (
+            rows[engine]["texts_per_s"] / rows[f32_attention]["texts_per_s"])
+        extra["ratio_vs_engine_float32_with_float32_attention"] = (
+            rows[f32_attention]["texts_per_s"] / rows[own_fp32]["texts_per_s"])
     if onnx in rows:
         extra["ratio_vs_onnx"] = rows[engine]["texts_per_s"] / rows[onnx]["texts_per_s"]
         extra["first_pass_ratio_vs_onnx"] = (rows[engine]["first_pass_texts_per_s"]
@@ -184,10 +216,10 @@ def main() -> None:
           f"{flops / 1e12:.2f} model TFLOP per pass, {args.repeats} interleaved repeats")
     print(f"CPU: {machine_info()['processor']}, peak float32 {peak[baseline]:.1f} GFLOP/s"
           + (f", {args.dtype} {peak[engine]:.1f}" if args.dtype != "float32" else ""))
-    print(f"{'setting':<32} {'texts/s':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'MFU':>6} "
+    print(f"{'setting':<36} {'texts/s':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'MFU':>6} "
           f"{'first pass texts/s':>19} {'MFU':>6}")
     for label, r in rows.items():
-        print(f"{label:<32} {r['texts_per_s']:>8.1f} {r['tokens_per_s']:>9.0f} "
+        print(f"{label:<36} {r['texts_per_s']:>8.1f} {r['tokens_per_s']:>9.0f} "
               f"{r['model_gflops']:>8.1f} {100 * r['mfu']:>5.1f}% "
               f"{r['first_pass_texts_per_s']:>19.1f} {100 * r['first_pass_mfu']:>5.1f}%")
     line = f"ratio {ratio:.2f}x (first pass {extra['first_pass_ratio']:.2f}x)"
@@ -200,6 +232,10 @@ def main() -> None:
                  f"(first pass {extra['first_pass_ratio_vs_engine_float32']:.2f}x), min "
                  f"cosine {extra['min_cosine_vs_engine_float32']:.6f}")
     print(line)
+    if "ratio_bf16_attention_vs_float32_attention" in extra:
+        print(f"bfloat16 attention kernel vs float32 attention (same run): "
+              f"{extra['ratio_bf16_attention_vs_float32_attention']:.3f}x; min cosine to "
+              f"float32 before {extra['min_cosine_vs_engine_float32_with_float32_attention']:.6f}")
     warn_if_over_peak({k: r["mfu"] for k, r in rows.items()})
     write_json(name, {
         "texts": len(texts), "composition": args.composition,

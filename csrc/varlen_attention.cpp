@@ -16,8 +16,10 @@
 // keys can be read straight from a paged KV cache; tile_ids (optional, one per logical
 // 64-key tile) names equal tiles (a shared prefix) so each is transposed once.
 // out: [Tq, Hq, D] contiguous. A plain C entry point on raw pointers (no torch headers),
-// called through ctypes by vllm/model_executor/layers/cpu_kernels.py; D % 16 == 0.
+// called through ctypes by vllm/_kernels/cpu_kernel_calls.py; D % 16 == 0. The bfloat16
+// twin (vdpbf16ps) is varlen_attention_bf16.cpp.
 #include "simd.h"
+#include "varlen_plan.h"
 
 #include <omp.h>
 
@@ -37,7 +39,7 @@ using simd::vf;
 using simd::W;
 
 constexpr int BQ = 32;                 // query rows per block (8 micro-tiles of 4)
-constexpr int BK = 64;                 // keys per block
+constexpr int BK = varlen::BK;         // keys per block
 constexpr int NC = W == 16 ? 4 : 2;    // key vectors per score micro-tile
 constexpr int NVMAX = W == 16 ? 4 : 2; // dim vectors per P*V micro-tile (AVX2: 3 was
                                        // 5% / 19% slower on d = 32 / 64)
@@ -223,70 +225,39 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
 #if !VLLM_SIMD_WIDTH
   FAIL("varlen_attention: built without AVX2 or AVX-512");
 #else
-  if (d % 16 || d > 256) FAIL("head_dim must be a multiple of 16, at most 256");
-  if (hkv <= 0 || hq % hkv) FAIL("query heads must be a multiple of key/value heads");
-  for (int64_t i = 0; i < b; ++i)
-    if (koff[i + 1] - koff[i] < qoff[i + 1] - qoff[i]) FAIL("a sequence has more queries than keys");
-  if (rows && n_rows != koff[b]) FAIL("key_rows needs one row per key");
   threads = std::max(threads, 1);
-
-  // Logical 64-key tiles: each sequence starts a new one. Distinct tiles (tile_ids) are
-  // transposed once, into [Hkv][distinct tile][D][BK], shared by the heads of a group,
-  // every query block and every sequence that names them.
-  std::vector<int64_t> tile0(b + 1, 0);
-  for (int64_t i = 0; i < b; ++i) tile0[i + 1] = tile0[i] + (koff[i + 1] - koff[i] + BK - 1) / BK;
-  const int64_t tiles = tile0[b];
-  if (tile_of && n_tile_ids != tiles) FAIL("tile_ids needs one id per 64-key tile");
-  std::vector<int64_t> tile_seq(tiles);
-  for (int64_t i = 0; i < b; ++i)
-    std::fill(tile_seq.begin() + tile0[i], tile_seq.begin() + tile0[i + 1], i);
-  std::vector<int64_t> first;  // the logical tile that defines each distinct tile
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t id = tile_of ? tile_of[t] : t;
-    if (id < 0 || id > (int64_t)first.size()) FAIL("tile_ids must number tiles 0, 1, ...");
-    if (id == (int64_t)first.size()) first.push_back(t);
-  }
-  const int64_t distinct = first.size();
+  varlen::Plan plan;
+  if (const char* why = varlen::make_plan(hq, hkv, d, qoff, koff, b, rows, n_rows, tile_of,
+                                          n_tile_ids, plan))
+    FAIL("%s", why);
+  // Distinct tiles are transposed once, into [Hkv][distinct tile][D][BK], shared by the
+  // heads of a group, every query block and every sequence that names them.
+  const int64_t distinct = plan.distinct();
   std::unique_ptr<float[]> kt(new float[std::max<int64_t>(hkv * distinct * d * BK, 1)]);
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-  for (int64_t c = 0; c < hkv * distinct; ++c) {
-    const int64_t h = c / distinct, t = first[c % distinct], seq = tile_seq[t];
-    const int64_t j0 = (t - tile0[seq]) * BK;
-    const int64_t cols = std::min<int64_t>(BK, koff[seq + 1] - koff[seq] - j0);
+  varlen::for_each_tile(plan, koff, hkv, threads, [&](int64_t c, int64_t h, int64_t key0,
+                                                      int64_t cols) {
     float* dst = kt.get() + c * d * BK;
     if (cols < BK)  // the score tiles read whole vectors of keys
       for (int64_t e = 0; e < d; ++e) std::fill(dst + e * BK + cols, dst + (e + 1) * BK, 0.0f);
     for (int64_t j = 0; j < cols; ++j) {
-      const int64_t key = koff[seq] + j0 + j;
+      const int64_t key = key0 + j;
       const float* src = k + (rows ? rows[key] : key) * k_row + h * k_head;
       for (int64_t e = 0; e < d; ++e) dst[e * BK + j] = src[e];
     }
-  }
+  });
 
-  const int64_t items = b * hq, group = hq / hkv;
-  // Costliest sequences first, handed out one at a time: the threads finish together.
-  std::vector<int64_t> order(b);
-  for (int64_t i = 0; i < b; ++i) order[i] = i;
-  auto cost = [&](int64_t i) { return (qoff[i + 1] - qoff[i]) * (koff[i + 1] - koff[i]); };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return cost(x) > cost(y); });
-  std::atomic<int64_t> next{0};
-  const int team = (int)std::min<int64_t>(threads, std::max<int64_t>(items, 1));
+  const int64_t group = hq / hkv;
   const Strides qs{q_row, q_head};
-#pragma omp parallel num_threads(team)
-  {
-    Scratch sc;
-    for (int64_t it; (it = next.fetch_add(1)) < items;) {
-      const int64_t seq = order[it / hq], h = it % hq, kvh = h / group;
-      const int64_t nq = qoff[seq + 1] - qoff[seq], nk = koff[seq + 1] - koff[seq];
-      if (nq == 0) continue;
-      const Keys keys{rows ? rows + koff[seq] : nullptr, koff[seq],
-                      kt.get() + kvh * distinct * d * BK,
-                      tile_of ? tile_of + tile0[seq] : nullptr, tile0[seq]};
-      attend_item(q, qs, v + kvh * v_head, v_row, keys, out, hq * d, qoff[seq], nq, nk, h,
-                  (int)d, scale, causal != 0, sc);
-    }
-  }
+  varlen::for_each_item<Scratch>(qoff, koff, b, hq, threads, [&](int64_t seq, int64_t h,
+                                                                 Scratch& sc) {
+    const int64_t kvh = h / group;
+    const int64_t nq = qoff[seq + 1] - qoff[seq], nk = koff[seq + 1] - koff[seq];
+    const Keys keys{rows ? rows + koff[seq] : nullptr, koff[seq],
+                    kt.get() + kvh * distinct * d * BK,
+                    tile_of ? tile_of + plan.tile0[seq] : nullptr, plan.tile0[seq]};
+    attend_item(q, qs, v + kvh * v_head, v_row, keys, out, hq * d, qoff[seq], nq, nk, h,
+                (int)d, scale, causal != 0, sc);
+  });
   return 0;
 #endif
 #undef FAIL

@@ -253,3 +253,36 @@ def test_engine_same_with_and_without_rms_norm_kernel(qwen3_embed_dir, monkeypat
     monkeypatch.setattr(cpu_kernels, "rms_norm_kernel", lambda: None)
     without = [o.outputs.embedding for o in LLM(qwen3_embed_dir, dtype=dtype).embed(prompts)]
     np.testing.assert_allclose(np.array(with_kernel), np.array(without), atol=atol)
+
+
+def test_bf16_attention_kernel_status_says_why_it_is_missing(monkeypatch):
+    """The bfloat16 attention kernel (csrc/varlen_attention_bf16.cpp) is offered only where
+    the library was built with AVX512-BF16 and the CPU has it; otherwise None, and its status
+    says which is missing, as the VNNI kernel's does."""
+    lib = cpu_kernels.library()
+    built = lib is not None and hasattr(lib, "vllm_varlen_attention_bf16") and \
+        lib.vllm_varlen_attention_bf16_built()
+    if not built:
+        assert cpu_kernels.varlen_attention_bf16_kernel() is None
+        assert "built without it" in cpu_kernels.kernel_status("varlen_attention_bf16")
+        return
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx512f", "avx512bw"})
+    assert cpu_kernels.varlen_attention_bf16_kernel() is None
+    assert cpu_kernels.kernel_status("varlen_attention_bf16") == \
+        "unavailable (this CPU has no AVX512-BF16)"
+
+
+def test_bf16_model_without_the_bf16_kernel_casts_for_the_float32_one(minilm_dir, monkeypatch):
+    """Where the bf16 kernel is missing, a bfloat16 model's CPU_NATIVE attention runs the
+    float32 kernel on float32 copies: same embeddings as with the bf16 kernel (or, where it
+    is missing anyway, as float32) to cosine 0.9999."""
+    from vllm import LLM
+    from vllm.attention.backends import cpu_native
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    texts = ["short", "a somewhat longer prompt that spans more tokens " * 6]
+    default = [o.outputs.embedding for o in LLM(minilm_dir, dtype="bfloat16").embed(texts)]
+    monkeypatch.setattr(cpu_native, "varlen_attention_bf16_kernel", lambda: None)
+    cast = [o.outputs.embedding for o in LLM(minilm_dir, dtype="bfloat16").embed(texts)]
+    a, b = np.array(default, np.float64), np.array(cast, np.float64)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() >= 0.9999

@@ -29,13 +29,14 @@ def _index(t: torch.Tensor, name: str) -> tuple[int, int]:
     return t.data_ptr(), t.numel()
 
 
-def varlen_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     q_offsets: torch.Tensor, k_offsets: torch.Tensor, key_rows: torch.Tensor,
-                     tile_ids: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """Attention over packed sequences (csrc/varlen_attention.cpp): out [Tq, Hq, D]."""
-    _check(all(x.dtype == torch.float32 for x in (q, k, v)), "varlen_attention: float32 only")
+def _attention_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    q_offsets: torch.Tensor, k_offsets: torch.Tensor, key_rows: torch.Tensor,
+                    tile_ids: torch.Tensor, name: str) -> tuple:
+    """The checked pointer/stride arguments the attention kernels share, from q's onwards:
+    (q, k, v pointers and strides, hq, hkv, d, offsets, b, key_rows, tile_ids) and the
+    offsets tensors, which must outlive the call."""
     _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [T, H, D]")
-    _check(all(x.device.type == "cpu" for x in (q, k, v)), "varlen_attention: CPU tensors only")
+    _check(all(x.device.type == "cpu" for x in (q, k, v)), f"{name}: CPU tensors only")
     _check(q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1,
            "q, k, v need unit stride in D")
     _check(k.shape[1:] == v.shape[1:] and k.shape[2] == q.shape[2],
@@ -44,14 +45,47 @@ def varlen_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torc
     _check(qo.numel() == ko.numel() and qo.numel() > 0, "q_offsets and k_offsets differ in "
            "length")
     (rows, n_rows), (tiles, n_tiles) = _index(key_rows, "key_rows"), _index(tile_ids, "tile_ids")
-    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-    out = torch.empty((q.shape[0], hq, d), dtype=torch.float32)
+    args = (q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
+            v.data_ptr(), v.stride(0), v.stride(1))
+    shape = (q.shape[1], k.shape[1], q.shape[2], qo.data_ptr(), ko.data_ptr(), qo.numel() - 1,
+             rows, n_rows, tiles, n_tiles)
+    return args, shape, (qo, ko)
+
+
+def varlen_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     q_offsets: torch.Tensor, k_offsets: torch.Tensor, key_rows: torch.Tensor,
+                     tile_ids: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """Attention over packed sequences (csrc/varlen_attention.cpp): out [Tq, Hq, D]."""
+    _check(all(x.dtype == torch.float32 for x in (q, k, v)), "varlen_attention: float32 only")
+    args, shape, _keep = _attention_args(q, k, v, q_offsets, k_offsets, key_rows, tile_ids,
+                                         "varlen_attention")
+    out = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
     err = ctypes.create_string_buffer(200)
-    if lib.vllm_varlen_attention(
-            q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-            v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), hq, hkv, d,
-            qo.data_ptr(), ko.data_ptr(), qo.numel() - 1, rows, n_rows, tiles, n_tiles,
-            scale, int(causal), torch.get_num_threads(), err, len(err)):
+    if lib.vllm_varlen_attention(*args, out.data_ptr(), *shape, scale, int(causal),
+                                 torch.get_num_threads(), err, len(err)):
+        raise RuntimeError(err.value.decode())
+    return out
+
+
+def varlen_attention_bf16(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          q_offsets: torch.Tensor, k_offsets: torch.Tensor,
+                          key_rows: torch.Tensor, tile_ids: torch.Tensor, scale: float,
+                          causal: bool, out_dtype: torch.dtype = torch.bfloat16,
+                          bf16_pv: bool = False) -> torch.Tensor:
+    """`varlen_attention` on bfloat16 q/k/v, Q*K^T with vdpbf16ps, softmax and sums in
+    float32, P*V in float32 (bf16_pv: on P rounded to bfloat16, with vdpbf16ps; less exact)
+    (csrc/varlen_attention_bf16.cpp): out [Tq, Hq, D] in out_dtype (bfloat16 or float32)."""
+    _check(all(x.dtype == torch.bfloat16 for x in (q, k, v)),
+           "varlen_attention_bf16: bfloat16 q, k, v only")
+    _check(out_dtype in (torch.bfloat16, torch.float32),
+           "varlen_attention_bf16: out_dtype must be bfloat16 or float32")
+    args, shape, _keep = _attention_args(q, k, v, q_offsets, k_offsets, key_rows, tile_ids,
+                                         "varlen_attention_bf16")
+    out = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=out_dtype)
+    err = ctypes.create_string_buffer(200)
+    if lib.vllm_varlen_attention_bf16(*args, out.data_ptr(), int(out_dtype == torch.bfloat16),
+                                      int(bf16_pv), *shape, scale, int(causal), torch.get_num_threads(), err,
+                                      len(err)):
         raise RuntimeError(err.value.decode())
     return out
 

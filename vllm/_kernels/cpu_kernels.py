@@ -40,15 +40,18 @@ _status: dict[str, str] = {}
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where there is none)."""
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where there is none), read once: the
+    bf16 attention kernel's check runs per forward, and /proc/cpuinfo took 43 us to read on
+    2 cores (it grows with the core count)."""
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def build_dir() -> pathlib.Path:
@@ -143,6 +146,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_avx2.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] +
                                             [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
                                                           ctypes.c_int])
+    if hasattr(lib, "vllm_varlen_attention_bf16"):  # absent from libraries built before it
+        lib.vllm_varlen_attention_bf16_built.restype = ctypes.c_int
+        lib.vllm_varlen_attention_bf16.restype = ctypes.c_int
+        lib.vllm_varlen_attention_bf16.argtypes = (
+            [_PTR, _I64, _I64] * 3 + [_PTR, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64,
+                                      _PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64,
+                                      ctypes.c_float, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_char_p, _I64])
     if hasattr(lib, "vllm_int8_gemm_vnni"):
         lib.vllm_int8_gemm_vnni_built.restype = ctypes.c_int
         lib.vllm_int8_gemm_vnni.restype = ctypes.c_int
@@ -166,6 +177,34 @@ def varlen_attention_kernel() -> Optional[Callable]:
     _status["varlen_attention"] = _status["library"]
     from vllm._kernels.cpu_kernel_calls import varlen_attention
     return functools.partial(varlen_attention, lib)
+
+
+# /proc/cpuinfo flags the bfloat16 attention kernel (csrc/varlen_attention_bf16.cpp) needs
+BF16_FLAGS = {"avx512f", "avx512bw", "avx512_bf16"}
+
+
+def varlen_attention_bf16_kernel() -> Optional[Callable]:
+    """`f(q, k, v, q_offsets, k_offsets, key_rows, tile_ids, scale, causal,
+    out_dtype=torch.bfloat16, bf16_pv=False) -> out`: `varlen_attention_kernel`'s attention
+    on bfloat16 q/k/v, Q*K^T with vdpbf16ps (softmax, sums and by default P*V in float32;
+    csrc/varlen_attention_bf16.cpp), or
+    None, its status saying why: no library, a library built without AVX512-BF16, or a CPU
+    without it."""
+    lib = library()
+    name = "varlen_attention_bf16"
+    if lib is None:
+        _status[name] = _status["library"]
+        return None
+    if not hasattr(lib, f"vllm_{name}") or not lib.vllm_varlen_attention_bf16_built():
+        _status[name] = "unavailable (the library was built without it: not for a CPU " \
+            "with AVX512-BF16, or before it existed)"
+        return None
+    if not BF16_FLAGS <= cpu_flags():
+        _status[name] = "unavailable (this CPU has no AVX512-BF16)"
+        return None
+    _status[name] = _status["library"]
+    from vllm._kernels.cpu_kernel_calls import varlen_attention_bf16
+    return functools.partial(varlen_attention_bf16, lib)
 
 
 def rms_norm_kernel() -> Optional[Callable]:

@@ -3,9 +3,14 @@
 Two kernel calls per layer: one for the requests that read no cache (laid out last, keys
 are their own new rows), one for the cache readers (laid out first), whose keys it reads
 from the cache slots directly, tile by tile; tiles of keys shared by several readers (a
-common prefix) carry one id, so the kernel reuses their work. In bfloat16 the kernel
-computes in float32 (1.8x torch's bfloat16 SDPA on MiniLM's shapes, and exact-er); a
-bfloat16 cache, which the kernel cannot read, sends the readers to TORCH_SDPA's path.
+common prefix) carry one id, so the kernel reuses their work. A bfloat16 model runs the
+bfloat16 kernel (csrc/varlen_attention_bf16.cpp: Q*K^T on vdpbf16ps, softmax and P*V in
+float32) where the CPU and build have AVX512-BF16, on q/k/v and its bfloat16 cache as they
+are; elsewhere the float32 kernel on float32 copies of the new rows, and a bfloat16 cache,
+which that kernel cannot read, sends the readers to TORCH_SDPA's path. A float32 model
+whose layers opt in (`layer.bf16_ok`, off by default) runs its new rows on the bfloat16
+kernel too, q/k/v cast once, float32 out; its float32 cache's readers stay on the float32
+kernel.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import torch
 
 from vllm.attention.backends.torch_sdpa import TorchSdpaBackend
 from vllm.attention.metadata import AttentionMetadata, reader_key_slots
-from vllm._kernels.cpu_kernels import varlen_attention_kernel
+from vllm._kernels.cpu_kernels import varlen_attention_bf16_kernel, varlen_attention_kernel
 
 # Keys per tile of the C++ attention kernel (csrc/varlen_attention.cpp, BK).
 KERNEL_TILE = 64
@@ -54,18 +59,28 @@ class CpuNativeBackend(TorchSdpaBackend):
     def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         data: CpuNativeMetadata = meta.prepared(self)
-        kernel, s, t = varlen_attention_kernel(), data.packed_start, q.shape[0]
-        if s > 0 and layer.kv_cache.dtype != torch.float32:
+        s, t, cache = data.packed_start, q.shape[0], layer.kv_cache
+        bf16 = varlen_attention_bf16_kernel() if q.dtype == torch.bfloat16 or (
+            q.dtype == torch.float32 and getattr(layer, "bf16_ok", False)) else None
+        f32 = varlen_attention_kernel()
+        if s > 0 and cache.dtype != torch.float32 and bf16 is None:
             return super().forward(layer, q, k, v, meta)  # readers of a bfloat16 cache
         new = None
         if s < t:
-            off = data.packed_offsets
-            new = kernel(*(x[s:].float() for x in (q, k, v)), off, off, _NONE, _NONE,
-                         layer.scale, meta.causal).to(q.dtype)
+            off, qkv = data.packed_offsets, (q[s:], k[s:], v[s:])
+            if bf16 is not None:  # the model's bfloat16 as it is, or one cast (int8 models)
+                new = bf16(*(x.to(torch.bfloat16) for x in qkv), off, off, _NONE, _NONE,
+                           layer.scale, meta.causal, q.dtype)
+            else:
+                new = f32(*(x.float() for x in qkv), off, off, _NONE, _NONE, layer.scale,
+                          meta.causal).to(q.dtype)
             if s == 0:
                 return new
         q_off, k_off, slots, tiles = data.readers
-        readers = kernel(q[:s], layer.kv_cache[0], layer.kv_cache[1], q_off, k_off, slots,
-                         tiles, layer.scale, meta.causal)
+        if cache.dtype == torch.bfloat16:  # bf16 is not None here
+            readers = bf16(q[:s].to(torch.bfloat16), cache[0], cache[1], q_off, k_off, slots,
+                           tiles, layer.scale, meta.causal, q.dtype)
+        else:
+            readers = f32(q[:s], cache[0], cache[1], q_off, k_off, slots, tiles, layer.scale,
+                          meta.causal)
         return readers if new is None else torch.cat([readers, new])
-
