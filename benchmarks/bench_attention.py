@@ -37,9 +37,11 @@ SHAPES = {  # name: (query heads, kv heads, head_dim, causal, min len, max len)
 }
 
 
-def packed(hq: int, hkv: int, d: int, lengths: list[int], gen: torch.Generator):
+def packed(hq: int, hkv: int, d: int, lengths: list[int], gen: torch.Generator,
+           dtype: torch.dtype = torch.float32):
+    """q, k, v [T, H, D]: strided views of one fused projection's output, as a model's."""
     t = sum(lengths)
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype)
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     return tuple(x.view(t, -1, d) for x in (q, k, v))
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_attention import packed  # noqa: E402
 from bench_peak import measured_peak  # noqa: E402
 from common import interleave, machine_info, median, write_json  # noqa: E402
 
@@ -38,13 +39,6 @@ SHAPES = {  # name: (query heads, kv heads, head_dim, causal, min len, max len)
     "classifier_d64": (8, 4, 64, True, 16, 512),
     "d128": (16, 8, 128, True, 16, 512),
 }
-
-
-def packed(hq, hkv, d, lengths, gen):
-    t = sum(lengths)
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).bfloat16()
-    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    return tuple(x.view(t, -1, d) for x in (q, k, v))
 
 
 def settings(f32, bf16, q, k, v, qo, ko, rows, ids, scale, causal):
@@ -62,7 +56,7 @@ def cases(f32, bf16, gen, rng) -> dict:
     out = {}
     for name, (hq, hkv, d, causal, lo, hi) in SHAPES.items():
         lengths = [int(n) for n in rng.integers(lo, hi + 1, 64)]
-        q, k, v = packed(hq, hkv, d, lengths, gen)
+        q, k, v = packed(hq, hkv, d, lengths, gen, torch.bfloat16)
         off = torch.tensor(np.cumsum([0] + lengths))
         pairs = sum(n * (n + 1) / 2 if causal else n * n for n in lengths)
         out[name] = (4 * d * hq * pairs,
