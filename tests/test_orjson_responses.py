@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from vllm.entrypoints.openai.errors import error_bytes, json_bytes
-from vllm.entrypoints.openai.protocol import (EmbeddingResponse, EmbeddingResponseData,
-                                              ScoreResponse, ScoreResponseData, UsageInfo)
+from vllm.entrypoints.openai.responses import (EmbeddingResponse, EmbeddingResponseData,
+                                               ScoreResponse, ScoreResponseData, UsageInfo)
 from vllm.entrypoints.openai.serving_engine import json_response
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from vllm.entrypoints.openai.protocol import ModelCard, ModelList, ModelPermission
+from vllm.entrypoints.openai.responses import ModelCard, ModelList, ModelPermission
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response, random_hex
 
 

@@ -9,15 +9,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from vllm.engine.pooling_request import PoolingRequest, tokenization_fields
-from vllm.entrypoints.openai.protocol import (ClassificationData, ClassificationRequest,
-                                              ClassificationResponse, EmbeddingRequest,
-                                              EmbeddingResponse, EmbeddingResponseData,
-                                              LateChunkedEmbeddingData,
-                                              LateChunkedEmbeddingResponse,
-                                              TokenEmbeddingData, TokenEmbeddingResponse,
-                                              PoolingRequest as PoolingBody,
-                                              PoolingResponse,
-                                              PoolingResponseData, UsageInfo)
+from vllm.entrypoints.openai.protocol import (ClassificationRequest, EmbeddingRequest,
+                                              PoolingRequest as PoolingBody)
+from vllm.entrypoints.openai.responses import (ClassificationData, ClassificationResponse,
+                                               EmbeddingResponse, EmbeddingResponseData,
+                                               LateChunkedEmbeddingData,
+                                               LateChunkedEmbeddingResponse, TokenEmbeddingData,
+                                               TokenEmbeddingResponse, PoolingResponse,
+                                               PoolingResponseData, UsageInfo)
 from vllm.entrypoints.openai.encoding import BYTE_FORMATS, bytes_response, to_json_value
 from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.serving_engine import (ServingContext, json_response,

@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse
 from vllm.engine.pooling_request import PoolingRequest
 from vllm.engine.windows import best_of_windows, pair_windows, text_windows
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.protocol import (LongInputFields, RerankDocument, RerankRequest,
-                                              RerankResponse,
-                                              RerankResult, RerankUsage, ScoreRequest,
-                                              ScoreResponse, ScoreResponseData, UsageInfo)
+from vllm.entrypoints.openai.protocol import LongInputFields, RerankRequest, ScoreRequest
+from vllm.entrypoints.openai.responses import (RerankDocument, RerankResponse, RerankResult,
+                                               RerankUsage, ScoreResponse, ScoreResponseData,
+                                               UsageInfo)
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 from vllm.entrypoints.openai.serving_media import item_prompts
 from vllm.entrypoints.openai.serving_pooling import prompt_tokens

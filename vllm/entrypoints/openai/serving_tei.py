@@ -11,8 +11,7 @@ from typing import Any, NamedTuple, Optional
 from fastapi import Request
 
 from vllm.engine.pooling_request import PoolingRequest
-from vllm.entrypoints.openai.protocol import (EmbeddingRequest,
-                                              PoolingRequest as PoolingBody,
+from vllm.entrypoints.openai.protocol import (EmbeddingRequest, PoolingRequest as PoolingBody,
                                               RerankRequest as VllmRerankRequest)
 from vllm.entrypoints.openai.serving_pooling import ServingPooling, as_list, prompt_tokens
 from vllm.entrypoints.openai.serving_score import ServingScores

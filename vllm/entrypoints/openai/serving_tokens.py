@@ -7,8 +7,8 @@ from fastapi import APIRouter
 
 from vllm.engine.processor import check_text
 from vllm.entrypoints.openai.errors import bad_request
-from vllm.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
-                                              TokenizeRequest, TokenizeResponse)
+from vllm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from vllm.entrypoints.openai.responses import DetokenizeResponse, TokenizeResponse
 from vllm.entrypoints.openai.serving_engine import ServingContext, json_response
 
 
