@@ -231,7 +231,7 @@ def test_cancelling_a_submitted_future_aborts_the_engine_request():
 def test_texts_are_tokenized_on_the_engine_thread_in_one_batch(fake):
     """Texts that arrive for one step are tokenized together by the engine loop (not on
     the event loop or beside a running step); a text the tokenizer refuses fails alone."""
-    from vllm.engine.processor import TextPrompt
+    from vllm.engine.prompt_types import TextPrompt
     engine, llm = fake
     batches = []
 
@@ -260,7 +260,7 @@ def test_overlapped_tokenization_runs_beside_the_step(fake):
     """The CUDA platform's policy (`tokenize_between_steps=False`): a text is tokenized on
     the tokenizer thread while a step runs, and joins the next step; a refused text fails
     alone."""
-    from vllm.engine.processor import TextPrompt
+    from vllm.engine.prompt_types import TextPrompt
     engine, cpu_llm = fake
     cpu_llm.shutdown()
     llm = AsyncLLM(engine, arrival_window=None, tokenize_between_steps=False)
@@ -292,7 +292,8 @@ def test_overlapped_tokenization_runs_beside_the_step(fake):
 
 def test_processor_tokenize_texts_isolates_a_bad_text(minilm_dir):
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
+    from vllm.engine.processor import InputProcessor, load_tokenizer
+    from vllm.engine.prompt_types import TextPrompt
     mc = EngineArgs(model=str(minilm_dir)).create_engine_config().model_config
     processor = InputProcessor(mc, load_tokenizer(mc))
     prompts = [TextPrompt("hello world"), TextPrompt("word " * 400),
@@ -312,7 +313,8 @@ def test_tokenizer_thread_and_engine_loop_truncate_independently(minilm_dir):
     stress, 50 of 600 calls); the identity check below is what always catches sharing,
     the stress shows the outputs stay right."""
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
+    from vllm.engine.processor import InputProcessor, load_tokenizer
+    from vllm.engine.prompt_types import TextPrompt
     mc = EngineArgs(model=str(minilm_dir)).create_engine_config().model_config
     engine_side = InputProcessor(mc, load_tokenizer(mc))
     thread_side = engine_side.clone()

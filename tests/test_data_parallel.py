@@ -12,7 +12,7 @@ import pytest
 import model_factory as mf
 from dp_helpers import (CLASSIFY_REQUESTS, EMBED_REQUESTS, compare_routes, dp_server,
                         load_and_kill, metric, wait_replicas_up)
-from vllm.engine.processor import TextPrompt
+from vllm.engine.prompt_types import TextPrompt
 from vllm.pooling_params import PoolingParams
 
 

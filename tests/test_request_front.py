@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from servers import Server, _engine
 
-from vllm.engine.processor import TokenizedPrompt
+from vllm.engine.prompt_types import TokenizedPrompt
 from vllm.pooling_params import PoolingParams
 
 

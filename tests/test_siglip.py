@@ -139,7 +139,7 @@ def test_pad_prompts_on_other_tokenizers():
     from types import SimpleNamespace
 
     from vllm.engine.padding import PaddingError, pad_prompts
-    from vllm.engine.processor import TokenizedPrompt
+    from vllm.engine.prompt_types import TokenizedPrompt
     p = TokenizedPrompt([101, 7, 102], token_type_ids=[0, 0, 0])
     (p,) = pad_prompts([p], "max_length", SimpleNamespace(pad_token_id=0), 5)  # a new prompt
     assert (p.prompt_token_ids, p.token_type_ids) == ([101, 7, 102, 0, 0], [0] * 5)

@@ -17,7 +17,7 @@ import model_factory as mf
 from servers import Server, _engine
 from test_server import _ok
 from vllm import LLM
-from vllm.engine.processor import TextPrompt, TokenCap
+from vllm.engine.prompt_types import TextPrompt, TokenCap
 
 LONG = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 from vllm.engine.futures import Pending, resolve, resolve_outputs
 from vllm.engine.inbox import IDLE, ArrivalWindow, Inbox
 from vllm.engine.stats import EngineStats
-from vllm.engine.processor import TextPrompt
+from vllm.engine.prompt_types import TextPrompt
 from vllm.engine.tokenizer_front import TokenizerFront
 from vllm.logger import init_logger
 from vllm.platforms import platform_for

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from vllm.engine.processor import TokenizedPrompt
+from vllm.engine.prompt_types import TokenizedPrompt
 
 _SEP = "##chunk"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Hashable, Optional
 
-from vllm.engine.processor import TokenizedPrompt
+from vllm.engine.prompt_types import TokenizedPrompt
 from vllm.pooling_params import PoolingParams
 
 

@@ -11,7 +11,8 @@ from vllm.core.scheduler import Scheduler
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.chunking import ChunkedInputs, parent_of
 from vllm.engine.dedup import Deduplicator, request_key
-from vllm.engine.processor import InputProcessor, TokenizedPrompt, load_tokenizer
+from vllm.engine.processor import InputProcessor, load_tokenizer
+from vllm.engine.prompt_types import TokenizedPrompt
 from vllm.engine.stats import EngineStats
 from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Optional, Sequence
 
 from vllm.engine.pooling_request import PoolingRequest, Tokenization
-from vllm.engine.processor import TokenizedPrompt
+from vllm.engine.prompt_types import TokenizedPrompt
 from vllm.pooling_params import PoolingParams
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from vllm.engine.processor import InputProcessor, TokenizedPrompt
+from vllm.engine.processor import InputProcessor
+
+from vllm.engine.prompt_types import TokenizedPrompt
 
 
 def _limit(processor: InputProcessor, truncate_prompt_tokens: Optional[int]) -> int:

@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from vllm.engine.async_llm import EngineDeadError
 from vllm.engine.tokenizer_front import TokenizerFront
-from vllm.engine.processor import InputProcessor, TextPrompt, load_tokenizer
+from vllm.engine.processor import InputProcessor, load_tokenizer
+from vllm.engine.prompt_types import TextPrompt
 from vllm.logger import init_logger
 from vllm.platforms.helper_threads import serial_torch_here
 from vllm.scaleout.router import PrefixRouter

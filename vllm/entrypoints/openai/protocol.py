@@ -8,7 +8,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, S
                       ValidationInfo, field_validator, model_validator)
 from typing_extensions import Annotated
 
-from vllm.engine.processor import check_text
+from vllm.engine.prompt_types import check_text
 
 
 def _valid_text(value: str, info: ValidationInfo) -> str:

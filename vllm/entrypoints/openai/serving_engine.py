@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from vllm.engine.async_llm import EngineDeadError
 from vllm.engine import request_front
 from vllm.engine.pooling_request import PoolingRequest
-from vllm.engine.processor import TextPrompt
+from vllm.engine.prompt_types import TextPrompt
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.direct_routes import DirectRoutes, post_route
 from vllm.entrypoints.openai.errors import (APIError, ClientDisconnected, bad_request,

@@ -5,7 +5,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from vllm.engine.processor import check_text
+from vllm.engine.prompt_types import check_text
 from vllm.entrypoints.openai.errors import bad_request
 from vllm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from vllm.entrypoints.openai.responses import DetokenizeResponse, TokenizeResponse
