@@ -53,10 +53,10 @@ def test_truncation_and_batch_refusals(minilm):
     long_text = "word " * 400
     assert minilm.post("/embed", {"inputs": long_text}).status_code == 200  # auto-truncate
     message = tei_error(minilm.post("/embed", {"inputs": long_text, "truncate": False}),
-                        413, "Validation")
+                        422, "Validation")
     assert "must have less than 256 tokens" in message
     tei_error(minilm.post("/embed", {"inputs": []}), 400, "Empty")
-    message = tei_error(minilm.post("/embed", {"inputs": ["x"] * 33}), 413, "Validation")
+    message = tei_error(minilm.post("/embed", {"inputs": ["x"] * 33}), 422, "Validation")
     assert message == "batch size 33 > maximum allowed batch size 32"
     tei_error(minilm.post("/embed", {"inputz": "x"}), 422, "Validation")
     tei_error(minilm.post("/embed", {"inputs": 5}), 422, "Validation")

@@ -13,15 +13,15 @@ from pydantic import BaseModel, ConfigDict, StrictInt, field_validator
 
 from vllm.entrypoints.openai.protocol import Text
 
-# TEI's error types and the HTTP status each one is answered with (TEI maps a type to
-# one status: a validation error, such as a too-long input or a batch over
-# --max-client-batch-size, is 413 there; a tokenizer error is 422).
+# TEI's error types and the HTTP status each one is answered with. A validation error (a
+# too-long input with `truncate: false`, a batch over --max-client-batch-size) is 422, as
+# the TEI 1.9 contract this server follows says; older TEI routers answered it with 413.
 ERROR_STATUS: dict[str, int] = {
     "Unhealthy": 503,
     "Backend": 424,
     "Overloaded": 429,
     "Tokenizer": 422,
-    "Validation": 413,
+    "Validation": 422,
     "Empty": 400,
 }
 
