@@ -67,6 +67,35 @@ inline vf load_first(const float* p, int n, float fill) {
 }
 // v in the first n lanes, 0 in the others.
 inline vf keep_first(vf v, int n) { return _mm512_maskz_mov_ps(first(n), v); }
+// Rows 0..3 of each group of four, per 128-bit lane: r[4i + k] becomes, in lane L, element
+// 4L + k of rows 4i .. 4i + 3 (the in-lane half of a transpose, both widths).
+inline void transpose_in_lanes(vf* r) {
+  for (int i = 0; i < W; i += 4) {
+    const vf t0 = _mm512_unpacklo_ps(r[i], r[i + 1]), t1 = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    const vf t2 = _mm512_unpacklo_ps(r[i + 2], r[i + 3]);
+    const vf t3 = _mm512_unpackhi_ps(r[i + 2], r[i + 3]);
+    r[i] = _mm512_shuffle_ps(t0, t2, 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
+    r[i + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
+  }
+}
+// r[0..15] (16 rows of 16) becomes its transpose.
+inline void transpose(vf* r) {
+  transpose_in_lanes(r);
+  vf u[16];
+  for (int k = 0; k < 4; ++k) {  // the 4 x 4 transpose of 128-bit lanes
+    const vf v0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
+    const vf v1 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);
+    const vf v2 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
+    const vf v3 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
+    u[k] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    u[8 + k] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    u[4 + k] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    u[12 + k] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = u[i];
+}
 #elif VLLM_SIMD_WIDTH == 8
 constexpr int W = 8;
 using vf = __m256;
@@ -128,9 +157,37 @@ inline vf load_first(const float* p, int n, float fill) {
 inline vf keep_first(vf v, int n) {
   return n >= 8 ? v : n <= 0 ? zero() : _mm256_and_ps(v, lanes_below(n));
 }
+// See the AVX-512 twin.
+inline void transpose_in_lanes(vf* r) {
+  for (int i = 0; i < W; i += 4) {
+    const vf t0 = _mm256_unpacklo_ps(r[i], r[i + 1]), t1 = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    const vf t2 = _mm256_unpacklo_ps(r[i + 2], r[i + 3]);
+    const vf t3 = _mm256_unpackhi_ps(r[i + 2], r[i + 3]);
+    r[i] = _mm256_shuffle_ps(t0, t2, 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+  }
+}
+// r[0..7] (8 rows of 8) becomes its transpose.
+inline void transpose(vf* r) {
+  transpose_in_lanes(r);
+  vf u[8];
+  for (int k = 0; k < 4; ++k) {
+    u[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);
+    u[4 + k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) r[i] = u[i];
+}
 #endif
 
 #if VLLM_SIMD_WIDTH
+// Makes the compiler hold v in a register here: without it GCC folds a loaded vector into
+// every FMA that uses it as a memory operand (one load per use), so a micro-tile that
+// reuses a vector across rows becomes bound by the load ports rather than the FMAs.
+template <class V>
+inline void in_register(V& v) { asm volatile("" : "+v"(v)); }
+
 // e^x = 2^n * e^r, n = round(x / ln2), |r| <= ln2 / 2; degree-6 Taylor for e^r. For x <= 0.
 inline vf exp(vf x) {
   x = max(x, set1(-87.0f));

@@ -2,10 +2,11 @@
 //
 // torch's CPU SDPA multiplies its tiles through the BLAS sgemm; with head_dim 32-128 and
 // sequences of a few hundred tokens that is far from the FMA peak. This kernel transposes
-// the keys once per call (in tiles of 64 keys), then runs one (sequence, head) per work
-// item: scores as 4-query x (NC vectors of keys) register tiles of FMAs, an online
-// (flash-style) softmax over key blocks of 64, and P*V as 4-query x (NV vectors of dims)
-// tiles. The vector width (16 lanes on AVX-512, 8 on AVX2) is fixed at compile time
+// the keys once per call (in tiles of 64 keys, W x W blocks in registers), then runs one
+// (sequence, head) per work item: scores as 4-query x (NC vectors of keys) register tiles
+// of FMAs, an online (flash-style) softmax over key blocks of 64 (in passes over the
+// block's rows), and P*V as 4-query x (NV vectors of dims) tiles. The vector width (16
+// lanes on AVX-512, 8 on AVX2) is fixed at compile time
 // (simd.h); the tile shapes keep the accumulators within the 32 / 16 vector registers.
 //
 // q: [Tq, Hq, D], k/v: [Tk, Hkv, D] (any row and head strides, unit stride in D);
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +40,15 @@ namespace {
 using simd::vf;
 using simd::W;
 
+// The three parts of a block (scores, softmax, P.V) stay separate functions on AVX2: inlined
+// into one loop nest, GCC keeps the softmax's constants in registers across it and spills
+// the score tile's accumulators (16 registers), 0.75x. AVX-512's 32 registers have room.
+#if VLLM_SIMD_WIDTH == 8
+#define PART __attribute__((noinline))
+#else
+#define PART inline
+#endif
+
 constexpr int BQ = 32;                 // query rows per block (8 micro-tiles of 4)
 constexpr int BK = varlen::BK;         // keys per block
 constexpr int NC = W == 16 ? 4 : 2;    // key vectors per score micro-tile
@@ -46,18 +57,22 @@ constexpr int NVMAX = W == 16 ? 4 : 2; // dim vectors per P*V micro-tile (AVX2: 
 
 // Per-thread scratch for one (sequence, head) item.
 struct Scratch {
-  std::vector<float> qs, s, acc, m, l;
+  std::vector<float> qs, s, acc, m, l, m_new, corr;
+  std::vector<int> valid;
   void fit(int64_t d) {
     qs.resize(BQ * d);
     s.resize(BQ * BK);
     acc.resize(BQ * d);
     m.resize(BQ);
     l.resize(BQ);
+    m_new.resize(BQ);
+    corr.resize(BQ);
+    valid.resize(BQ);
   }
 };
 
 // S[0:4 rows][0:cols rounded up to NC * W] = qs[rows] . Kt[:, 0:...]   (qs pre-scaled)
-inline void scores_4rows(const float* qs, const float* kt, int d, int cols, float* s) {
+PART void scores_4rows(const float* qs, const float* kt, int d, int cols, float* s) {
   for (int kc = 0; kc < cols; kc += NC * W) {
     vf c[4][NC];
     for (int r = 0; r < 4; ++r)
@@ -65,7 +80,10 @@ inline void scores_4rows(const float* qs, const float* kt, int d, int cols, floa
     for (int e = 0; e < d; ++e) {
       const float* row = kt + e * BK + kc;
       vf kv[NC];
-      for (int u = 0; u < NC; ++u) kv[u] = simd::load(row + W * u);
+      for (int u = 0; u < NC; ++u) {
+        kv[u] = simd::load(row + W * u);
+        simd::in_register(kv[u]);
+      }
       for (int r = 0; r < 4; ++r) {
         const vf qv = simd::set1(qs[r * d + e]);
         for (int u = 0; u < NC; ++u) c[r][u] = simd::fmadd(qv, kv[u], c[r][u]);
@@ -101,7 +119,10 @@ inline void pv_4rows(const float* p, const float* vh, int64_t vstride, const Key
   for (int j = 0; j < cols; ++j) {
     const float* vrow = vh + keys.row(kb + j) * vstride + dc;
     vf vv[NV];
-    for (int u = 0; u < NV; ++u) vv[u] = simd::load(vrow + W * u);
+    for (int u = 0; u < NV; ++u) {
+      vv[u] = simd::load(vrow + W * u);
+      simd::in_register(vv[u]);
+    }
     for (int r = 0; r < 4; ++r) {
       const vf pr = simd::set1(p[r * BK + j]);
       for (int u = 0; u < NV; ++u) a[r][u] = simd::fmadd(pr, vv[u], a[r][u]);
@@ -111,8 +132,8 @@ inline void pv_4rows(const float* p, const float* vh, int64_t vstride, const Key
     for (int u = 0; u < NV; ++u) simd::store(acc + r * d + dc + W * u, a[r][u]);
 }
 
-inline void pv_block(int nv, const float* p, const float* vh, int64_t vstride, const Keys& keys,
-                     int64_t kb, int cols, int dc, float* acc, int d) {
+PART void pv_block(int nv, const float* p, const float* vh, int64_t vstride, const Keys& keys,
+                   int64_t kb, int cols, int dc, float* acc, int d) {
   switch (nv) {
     case 1: pv_4rows<1>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
     case 2: pv_4rows<2>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
@@ -121,30 +142,47 @@ inline void pv_block(int nv, const float* p, const float* vh, int64_t vstride, c
   }
 }
 
-// Online softmax of one score row over its first `valid` keys (the rest of its first
-// `cols` become 0); returns the factor the row's accumulator must be rescaled by.
-inline float softmax_row(float* s, int valid, int cols, float* m, float* l) {
-  constexpr int N = BK / W;
+// Online softmax of a block's score rows, in passes over all rows so that the rows' serial
+// chains (row max, its reduction, the sum's reduction) overlap, and the accumulator factors
+// exp(m_old - m_new) of all rows come from one vector exp. Row r's first valid[r] scores
+// become exp(s - m_new), the rest of its first `cols` 0; m, l and acc[r] are updated.
+PART void softmax_block(float* s, const int* valid, int rows, int cols, float* m, float* l,
+                        float* acc, int d, float* m_new, float* corr) {
   const int n = (cols + W - 1) / W;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  vf x[N];
-  vf vmax = simd::set1(neg_inf);
-  for (int u = 0; u < n; ++u) {
-    x[u] = simd::load_first(s + W * u, valid - W * u, neg_inf);
-    vmax = simd::max(vmax, x[u]);
+  for (int r = 0; r < rows; ++r) {  // pass 1: each row's new running max
+    const float* x = s + r * BK;
+    vf vmax = simd::set1(neg_inf);
+    for (int u = 0; u < n; ++u)
+      vmax = simd::max(vmax, simd::load_first(x + W * u, valid[r] - W * u, neg_inf));
+    m_new[r] = valid[r] > 0 ? std::max(m[r], simd::reduce_max(vmax)) : m[r];
   }
-  const float mx = std::max(*m, simd::reduce_max(vmax));
-  const float corr = std::isinf(*m) ? 0.0f : std::exp(*m - mx);
-  const vf vmx = simd::set1(mx);
-  vf vsum = simd::zero();
-  for (int u = 0; u < n; ++u) {
-    const vf e = simd::keep_first(simd::exp(simd::sub(x[u], vmx)), valid - W * u);
-    vsum = simd::add(vsum, e);
-    simd::store(s + W * u, e);
+  for (int r = 0; r < rows; r += W) {  // pass 2: the factors, W rows per exp (m = -inf: 0)
+    const vf old = simd::load(m + r);
+    const vf keep = simd::exp(simd::sub(old, simd::load(m_new + r)));
+    const vf was_empty = simd::sub(old, simd::set1(-FLT_MAX));  // < 0 only where old = -inf
+    simd::store(corr + r, simd::select_negative(was_empty, simd::zero(), keep));
   }
-  *l = *l * corr + simd::reduce_add(vsum);
-  *m = mx;
-  return corr;
+  for (int r = 0; r < rows; ++r) {  // pass 3: the exponentials, their sums, the rescaling
+    float* x = s + r * BK;
+    if (valid[r] <= 0) {
+      std::fill(x, x + cols, 0.0f);
+      continue;
+    }
+    const vf vmx = simd::set1(m_new[r]);
+    vf vsum = simd::zero();
+    for (int u = 0; u < n; ++u) {
+      const vf e = simd::keep_first(simd::exp(simd::sub(simd::load(x + W * u), vmx)),
+                                    valid[r] - W * u);
+      vsum = simd::add(vsum, e);
+      simd::store(x + W * u, e);
+    }
+    l[r] = l[r] * corr[r] + simd::reduce_add(vsum);
+    m[r] = m_new[r];
+    if (corr[r] != 1.0f)
+      for (int e = 0; e < d; e += W)
+        simd::store(acc + r * d + e, simd::mul(simd::load(acc + r * d + e), simd::set1(corr[r])));
+  }
 }
 
 struct Strides {
@@ -158,12 +196,13 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
   const int64_t past = n - nq;  // keys before the first query
   sc.fit(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto q_row = [&](int64_t i) { return q + (q_start + i) * qs_.row + head * qs_.head; };
   for (int64_t i0 = 0; i0 < nq; i0 += BQ) {
     const int rows = (int)std::min<int64_t>(BQ, nq - i0);
     const int rows4 = (rows + 3) / 4 * 4;
     float* qsb = sc.qs.data();
     for (int r = 0; r < rows4; ++r) {
-      const float* src = q + (q_start + i0 + r) * qs_.row + head * qs_.head;
+      const float* src = q_row(i0 + r);
       for (int e = 0; e < d; ++e) qsb[r * d + e] = r < rows ? src[e] * scale : 0.0f;
     }
     std::fill(sc.acc.begin(), sc.acc.begin() + rows4 * d, 0.0f);
@@ -179,17 +218,10 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
         int valid = r < rows ? cols : 0;
         if (causal)
           valid = (int)std::min<int64_t>(valid, std::max<int64_t>(0, past + i0 + r - kb + 1));
-        float* srow = s + r * BK;
-        if (valid == 0) {
-          std::fill(srow, srow + cols, 0.0f);
-          continue;
-        }
-        const float corr = softmax_row(srow, valid, cols, &sc.m[r], &sc.l[r]);
-        if (corr != 1.0f) {
-          float* a = sc.acc.data() + r * d;
-          for (int e = 0; e < d; ++e) a[e] *= corr;
-        }
+        sc.valid[r] = valid;
       }
+      softmax_block(s, sc.valid.data(), rows4, cols, sc.m.data(), sc.l.data(), sc.acc.data(), d,
+                    sc.m_new.data(), sc.corr.data());
       for (int dc = 0; dc < d; dc += NVMAX * W) {
         const int nv = std::min(NVMAX * W, d - dc) / W;
         for (int r = 0; r < rows4; r += 4)
@@ -237,12 +269,18 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
   varlen::for_each_tile(plan, koff, hkv, threads, [&](int64_t c, int64_t h, int64_t key0,
                                                       int64_t cols) {
     float* dst = kt.get() + c * d * BK;
-    if (cols < BK)  // the score tiles read whole vectors of keys
-      for (int64_t e = 0; e < d; ++e) std::fill(dst + e * BK + cols, dst + (e + 1) * BK, 0.0f);
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t key = key0 + j;
-      const float* src = k + (rows ? rows[key] : key) * k_row + h * k_head;
-      for (int64_t e = 0; e < d; ++e) dst[e * BK + j] = src[e];
+    for (int64_t j0 = 0; j0 < BK; j0 += W) {  // W keys x W dims at a time, in registers
+      const float* src[W];
+      for (int i = 0; i < W; ++i) {
+        const int64_t key = key0 + j0 + i;
+        src[i] = j0 + i < cols ? k + (rows ? rows[key] : key) * k_row + h * k_head : nullptr;
+      }
+      for (int64_t e0 = 0; e0 < d; e0 += W) {
+        vf r[W];
+        for (int i = 0; i < W; ++i) r[i] = src[i] ? simd::load(src[i] + e0) : simd::zero();
+        simd::transpose(r);
+        for (int i = 0; i < W; ++i) simd::store(dst + (e0 + i) * BK + j0, r[i]);
+      }
     }
   });
 

@@ -96,7 +96,10 @@ inline void scores_4rows(const bf16* qs, const bf16* kt, int d, float* s) {
   for (int e = 0; e < d; e += 2) {
     const bf16* row = kt + e * BK;  // pair e / 2: BK keys x 2 dims
     __m512bh kv[4];
-    for (int u = 0; u < 4; ++u) kv[u] = load_bh(row + 32 * u);
+    for (int u = 0; u < 4; ++u) {
+      kv[u] = load_bh(row + 32 * u);
+      simd::in_register(kv[u]);
+    }
     for (int r = 0; r < 4; ++r) {
       const __m512bh qv = pair(qs + r * d + e);
       for (int u = 0; u < 4; ++u) c[r][u] = _mm512_dpbf16_ps(c[r][u], qv, kv[u]);
@@ -116,7 +119,10 @@ inline void pv_4rows(const bf16* p, const bf16* vt, int cols, int dc, float* acc
   for (int j = 0; j < cols; j += 2) {
     const bf16* vrow = vt + (j * d + 2 * dc);  // pair j / 2: D dims x 2 keys
     __m512bh vv[N];
-    for (int u = 0; u < N; ++u) vv[u] = load_bh(vrow + 32 * u);
+    for (int u = 0; u < N; ++u) {
+      vv[u] = load_bh(vrow + 32 * u);
+      simd::in_register(vv[u]);
+    }
     for (int r = 0; r < 4; ++r) {
       const __m512bh pr = pair(p + r * BK + j);
       for (int u = 0; u < N; ++u) a[r][u] = _mm512_dpbf16_ps(a[r][u], pr, vv[u]);
@@ -137,7 +143,10 @@ inline void pv_f32(const float* p, const float* vt, int cols, int dc, float* acc
   for (int j = 0; j < cols; ++j) {
     const float* vrow = vt + j * d + dc;
     __m512 vv[N];
-    for (int u = 0; u < N; ++u) vv[u] = _mm512_loadu_ps(vrow + 16 * u);
+    for (int u = 0; u < N; ++u) {
+      vv[u] = _mm512_loadu_ps(vrow + 16 * u);
+      simd::in_register(vv[u]);
+    }
     for (int r = 0; r < R; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * BK + j]);
       for (int u = 0; u < N; ++u) a[r][u] = _mm512_fmadd_ps(pr, vv[u], a[r][u]);
