@@ -67,19 +67,11 @@ inline vf load_first(const float* p, int n, float fill) {
 }
 // v in the first n lanes, 0 in the others.
 inline vf keep_first(vf v, int n) { return _mm512_maskz_mov_ps(first(n), v); }
-// Rows 0..3 of each group of four, per 128-bit lane: r[4i + k] becomes, in lane L, element
-// 4L + k of rows 4i .. 4i + 3 (the in-lane half of a transpose, both widths).
-inline void transpose_in_lanes(vf* r) {
-  for (int i = 0; i < W; i += 4) {
-    const vf t0 = _mm512_unpacklo_ps(r[i], r[i + 1]), t1 = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    const vf t2 = _mm512_unpacklo_ps(r[i + 2], r[i + 3]);
-    const vf t3 = _mm512_unpackhi_ps(r[i + 2], r[i + 3]);
-    r[i] = _mm512_shuffle_ps(t0, t2, 0x44);
-    r[i + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
-    r[i + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
-    r[i + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
-  }
-}
+inline vf unpacklo(vf a, vf b) { return _mm512_unpacklo_ps(a, b); }
+inline vf unpackhi(vf a, vf b) { return _mm512_unpackhi_ps(a, b); }
+template <int IMM>
+inline vf shuffle(vf a, vf b) { return _mm512_shuffle_ps(a, b, IMM); }
+inline void transpose_in_lanes(vf* r);  // below, shared by both widths
 // r[0..15] (16 rows of 16) becomes its transpose.
 inline void transpose(vf* r) {
   transpose_in_lanes(r);
@@ -157,20 +149,12 @@ inline vf load_first(const float* p, int n, float fill) {
 inline vf keep_first(vf v, int n) {
   return n >= 8 ? v : n <= 0 ? zero() : _mm256_and_ps(v, lanes_below(n));
 }
-// See the AVX-512 twin.
-inline void transpose_in_lanes(vf* r) {
-  for (int i = 0; i < W; i += 4) {
-    const vf t0 = _mm256_unpacklo_ps(r[i], r[i + 1]), t1 = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    const vf t2 = _mm256_unpacklo_ps(r[i + 2], r[i + 3]);
-    const vf t3 = _mm256_unpackhi_ps(r[i + 2], r[i + 3]);
-    r[i] = _mm256_shuffle_ps(t0, t2, 0x44);
-    r[i + 1] = _mm256_shuffle_ps(t0, t2, 0xEE);
-    r[i + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
-    r[i + 3] = _mm256_shuffle_ps(t1, t3, 0xEE);
-  }
-}
-// r[0..7] (8 rows of 8) becomes its transpose.
-inline void transpose(vf* r) {
+template <int IMM>
+inline vf shuffle(vf a, vf b) { return _mm256_shuffle_ps(a, b, IMM); }
+inline vf unpacklo(vf a, vf b) { return _mm256_unpacklo_ps(a, b); }
+inline vf unpackhi(vf a, vf b) { return _mm256_unpackhi_ps(a, b); }
+inline void transpose_in_lanes(vf* r);  // below, shared by both widths
+inline void transpose(vf* r) {  // r[0..7] (8 rows of 8) becomes its transpose
   transpose_in_lanes(r);
   vf u[8];
   for (int k = 0; k < 4; ++k) {
@@ -182,6 +166,19 @@ inline void transpose(vf* r) {
 #endif
 
 #if VLLM_SIMD_WIDTH
+// The in-lane half of a transpose (both widths): for each group of four vectors
+// r[i .. i + 3], r[i + k] becomes, in 128-bit lane L, element 4L + k of the four.
+inline void transpose_in_lanes(vf* r) {
+  for (int i = 0; i < W; i += 4) {
+    const vf t0 = unpacklo(r[i], r[i + 1]), t1 = unpackhi(r[i], r[i + 1]);
+    const vf t2 = unpacklo(r[i + 2], r[i + 3]), t3 = unpackhi(r[i + 2], r[i + 3]);
+    r[i] = shuffle<0x44>(t0, t2);
+    r[i + 1] = shuffle<0xEE>(t0, t2);
+    r[i + 2] = shuffle<0x44>(t1, t3);
+    r[i + 3] = shuffle<0xEE>(t1, t3);
+  }
+}
+
 // Makes the compiler hold v in a register here: without it GCC folds a loaded vector into
 // every FMA that uses it as a memory operand (one load per use), so a micro-tile that
 // reuses a vector across rows becomes bound by the load ports rather than the FMAs.
