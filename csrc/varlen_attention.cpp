@@ -19,6 +19,7 @@
 // out: [Tq, Hq, D] contiguous. A plain C entry point on raw pointers (no torch headers),
 // called through ctypes by vllm/_kernels/cpu_kernel_calls.py; D % 16 == 0. The bfloat16
 // twin (vdpbf16ps) is varlen_attention_bf16.cpp.
+#include "online_softmax.h"
 #include "simd.h"
 #include "varlen_plan.h"
 
@@ -26,7 +27,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -40,14 +40,10 @@ namespace {
 using simd::vf;
 using simd::W;
 
-// The three parts of a block (scores, softmax, P.V) stay separate functions on AVX2: inlined
-// into one loop nest, GCC keeps the softmax's constants in registers across it and spills
-// the score tile's accumulators (16 registers), 0.75x. AVX-512's 32 registers have room.
-#if VLLM_SIMD_WIDTH == 8
+// The three parts of a block (scores, softmax, P.V) stay separate functions: inlined into
+// one loop nest, GCC keeps the softmax's constants in registers across it and spills the
+// micro-tiles' accumulators (AVX2, 16 registers: 0.75x; AVX-512: 0.9x).
 #define PART __attribute__((noinline))
-#else
-#define PART inline
-#endif
 
 constexpr int BQ = 32;                 // query rows per block (8 micro-tiles of 4)
 constexpr int BK = varlen::BK;         // keys per block
@@ -68,6 +64,9 @@ struct Scratch {
     m_new.resize(BQ);
     corr.resize(BQ);
     valid.resize(BQ);
+  }
+  varlen::SoftmaxRows rows() {
+    return {m.data(), l.data(), valid.data(), m_new.data(), corr.data()};
   }
 };
 
@@ -142,47 +141,16 @@ PART void pv_block(int nv, const float* p, const float* vh, int64_t vstride, con
   }
 }
 
-// Online softmax of a block's score rows, in passes over all rows so that the rows' serial
-// chains (row max, its reduction, the sum's reduction) overlap, and the accumulator factors
-// exp(m_old - m_new) of all rows come from one vector exp. Row r's first valid[r] scores
-// become exp(s - m_new), the rest of its first `cols` 0; m, l and acc[r] are updated.
-PART void softmax_block(float* s, const int* valid, int rows, int cols, float* m, float* l,
-                        float* acc, int d, float* m_new, float* corr) {
-  const int n = (cols + W - 1) / W;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int r = 0; r < rows; ++r) {  // pass 1: each row's new running max
-    const float* x = s + r * BK;
-    vf vmax = simd::set1(neg_inf);
-    for (int u = 0; u < n; ++u)
-      vmax = simd::max(vmax, simd::load_first(x + W * u, valid[r] - W * u, neg_inf));
-    m_new[r] = valid[r] > 0 ? std::max(m[r], simd::reduce_max(vmax)) : m[r];
-  }
-  for (int r = 0; r < rows; r += W) {  // pass 2: the factors, W rows per exp (m = -inf: 0)
-    const vf old = simd::load(m + r);
-    const vf keep = simd::exp(simd::sub(old, simd::load(m_new + r)));
-    const vf was_empty = simd::sub(old, simd::set1(-FLT_MAX));  // < 0 only where old = -inf
-    simd::store(corr + r, simd::select_negative(was_empty, simd::zero(), keep));
-  }
-  for (int r = 0; r < rows; ++r) {  // pass 3: the exponentials, their sums, the rescaling
-    float* x = s + r * BK;
-    if (valid[r] <= 0) {
-      std::fill(x, x + cols, 0.0f);
-      continue;
-    }
-    const vf vmx = simd::set1(m_new[r]);
-    vf vsum = simd::zero();
-    for (int u = 0; u < n; ++u) {
-      const vf e = simd::keep_first(simd::exp(simd::sub(simd::load(x + W * u), vmx)),
-                                    valid[r] - W * u);
-      vsum = simd::add(vsum, e);
-      simd::store(x + W * u, e);
-    }
-    l[r] = l[r] * corr[r] + simd::reduce_add(vsum);
-    m[r] = m_new[r];
-    if (corr[r] != 1.0f)
-      for (int e = 0; e < d; e += W)
-        simd::store(acc + r * d + e, simd::mul(simd::load(acc + r * d + e), simd::set1(corr[r])));
-  }
+// The block's online softmax (online_softmax.h), the weights in place of the scores.
+PART void softmax_block(float* s, int rows, int cols, const varlen::SoftmaxRows& st,
+                        float* acc, int d) {
+  varlen::online_softmax<false>(
+      s, BK, rows, cols, 1.0f, st, acc, d,
+      [&](int r, int u, vf e) {
+        simd::store(s + r * BK + W * u, e);
+        return e;
+      },
+      [&](int r) { std::fill(s + r * BK, s + r * BK + cols, 0.0f); });
 }
 
 struct Strides {
@@ -220,8 +188,7 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
           valid = (int)std::min<int64_t>(valid, std::max<int64_t>(0, past + i0 + r - kb + 1));
         sc.valid[r] = valid;
       }
-      softmax_block(s, sc.valid.data(), rows4, cols, sc.m.data(), sc.l.data(), sc.acc.data(), d,
-                    sc.m_new.data(), sc.corr.data());
+      softmax_block(s, rows4, cols, sc.rows(), sc.acc.data(), d);
       for (int dc = 0; dc < d; dc += NVMAX * W) {
         const int nv = std::min(NVMAX * W, d - dc) / W;
         for (int r = 0; r < rows4; r += 4)

@@ -33,6 +33,7 @@
 // Same interface and semantics as vllm_varlen_attention (packed offsets, key_rows into a
 // paged cache, tile_ids for shared prefixes, causal with queries the last keys); q, k, v
 // bfloat16 (uint16 bits), strides in elements; out [Tq, Hq, D] bfloat16 or float32.
+#include "online_softmax.h"
 #include "simd.h"
 #include "varlen_plan.h"
 
@@ -63,7 +64,8 @@ constexpr int NV = 4;           // dim vectors (of 16) per P*V micro-tile
 
 struct Scratch {
   std::vector<bf16> qs, p;       // [BQ][D] the block's queries; [BQ][BK] its weights
-  std::vector<float> s, acc, m, l;
+  std::vector<float> s, acc, m, l, m_new, corr;
+  std::vector<int> valid;
   void fit(int64_t d) {
     qs.resize(BQ * d);
     p.resize(BQ * BK);
@@ -71,6 +73,9 @@ struct Scratch {
     acc.resize(BQ * d);
     m.resize(BQ);
     l.resize(BQ);
+    m_new.resize(BQ);
+    corr.resize(BQ);
+    valid.resize(BQ);
   }
 };
 
@@ -188,42 +193,6 @@ inline int pv_block(const PvArgs& a, int n, int r, int dc, float* acc) {
   }
 }
 
-// Online softmax of one row of scores (scaled here) over its first `valid` keys: writes
-// the weights to s[0 : cols rounded up to 16] in place, or (p not null) rounded to bf16 to
-// p[...] (0 past `valid`), adds the values written to *l, and returns the factor the row's
-// accumulator must be rescaled by.
-inline float softmax_row(float* s, int valid, int cols, float scale, float* m, float* l,
-                         bf16* p) {
-  constexpr int N = BK / 16;
-  const int n = (cols + 15) / 16;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const __m512 vs = _mm512_set1_ps(scale);
-  __m512 x[N];
-  __m512 vmax = _mm512_set1_ps(neg_inf);
-  for (int u = 0; u < n; ++u) {
-    x[u] = _mm512_mul_ps(simd::load_first(s + 16 * u, valid - 16 * u, neg_inf), vs);
-    vmax = _mm512_max_ps(vmax, x[u]);
-  }
-  const float mx = std::max(*m, _mm512_reduce_max_ps(vmax));
-  const float corr = std::isinf(*m) ? 0.0f : std::exp(*m - mx);
-  const __m512 vmx = _mm512_set1_ps(mx);
-  __m512 vsum = _mm512_setzero_ps();
-  for (int u = 0; u < n; ++u) {
-    __m512 e = simd::keep_first(simd::exp(_mm512_sub_ps(x[u], vmx)), valid - 16 * u);
-    if (p) {
-      const __m256i eb = to_bf16(e);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * u), eb);
-      e = from_bf16(eb);  // l sums the weights P*V will actually use
-    } else {
-      _mm512_storeu_ps(s + 16 * u, e);
-    }
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  *l = *l * corr + _mm512_reduce_add_ps(vsum);
-  *m = mx;
-  return corr;
-}
-
 // Where one sequence's prepared tiles are: logical tile t is distinct tile tile[t]
 // (tile == nullptr: tile_base + t); each tile is d * BK elements in kt (bf16) and in vt
 // (bf16 pairs where bf16_p, else float32).
@@ -279,27 +248,38 @@ inline void store_row(const Out& o, int64_t row, int64_t head, const float* a, f
   }
 }
 
-// Softmax of the block's score rows against keys kb .. kb + cols - 1, rescaling the rows'
-// accumulators; weights to sc.p (bf16_p) or in place in sc.s.
+// Softmax of the block's score rows against keys kb .. kb + cols - 1 (online_softmax.h),
+// rescaling the rows' accumulators; weights to sc.p rounded to bf16 (bf16_p: l then sums
+// the rounded weights P*V will use) or in place in sc.s.
 inline void softmax_block(Scratch& sc, int rows, int rows4, int cols, int64_t kb,
                           int64_t first_pos, bool causal, float scale, int d, bool bf16_p) {
   for (int r = 0; r < rows4; ++r) {
     int valid = r < rows ? cols : 0;
     if (causal)
       valid = (int)std::min<int64_t>(valid, std::max<int64_t>(0, first_pos + r - kb + 1));
-    bf16* prow = bf16_p ? sc.p.data() + r * BK : nullptr;
-    float* srow = sc.s.data() + r * BK;
-    if (valid == 0) {
-      if (prow) std::fill(prow, prow + BK, bf16(0));
-      else std::fill(srow, srow + BK, 0.0f);
-      continue;
-    }
-    const float corr = softmax_row(srow, valid, cols, scale, &sc.m[r], &sc.l[r], prow);
-    if (corr != 1.0f) {
-      float* a = sc.acc.data() + r * d;
-      for (int e = 0; e < d; ++e) a[e] *= corr;
-    }
+    sc.valid[r] = valid;
   }
+  float* s = sc.s.data();
+  bf16* p = sc.p.data();
+  const varlen::SoftmaxRows st{sc.m.data(), sc.l.data(), sc.valid.data(), sc.m_new.data(),
+                               sc.corr.data()};
+  if (bf16_p)
+    varlen::online_softmax<true>(
+        s, BK, rows4, cols, scale, st, sc.acc.data(), d,
+        [&](int r, int u, __m512 e) {
+          const __m256i eb = to_bf16(e);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * BK + 16 * u), eb);
+          return from_bf16(eb);
+        },
+        [&](int r) { std::fill(p + r * BK, p + (r + 1) * BK, bf16(0)); });
+  else
+    varlen::online_softmax<true>(
+        s, BK, rows4, cols, scale, st, sc.acc.data(), d,
+        [&](int r, int u, __m512 e) {
+          _mm512_storeu_ps(s + r * BK + 16 * u, e);
+          return e;
+        },
+        [&](int r) { std::fill(s + r * BK, s + (r + 1) * BK, 0.0f); });
 }
 
 // One (sequence, head): nq queries from row q_start over n keys (its prepared tiles).
@@ -333,17 +313,29 @@ void attend_item(const Query& q, const Tiles& tiles, const Out& out, int64_t q_s
   }
 }
 
-// K tile [D/2][BK][2] from keys key0 .. key0 + cols - 1 (a pair of bf16 is one uint32:
-// this is a 32-bit transpose), zeros past cols.
+// K tile [D/2][BK][2] from keys key0 .. key0 + cols - 1 (a pair of bf16 is one 32-bit
+// value: this is a 32-bit transpose, 16 keys x 16 pairs at a time in registers), zeros past
+// cols.
 void pack_k(const bf16* k, int64_t k_row, int64_t k_head, const int64_t* rows, int64_t h,
             int64_t key0, int64_t cols, int64_t d, bf16* dst) {
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-  if (cols < BK)
-    for (int64_t e = 0; e < d / 2; ++e) std::fill(out + e * BK + cols, out + (e + 1) * BK, 0u);
-  for (int64_t j = 0; j < cols; ++j) {
-    const int64_t key = key0 + j;
-    const bf16* src = k + (rows ? rows[key] : key) * k_row + h * k_head;
-    for (int64_t e = 0; e < d / 2; ++e) std::memcpy(out + e * BK + j, src + 2 * e, 4);
+  float* out = reinterpret_cast<float*>(dst);  // the pairs' bits, moved as floats
+  for (int64_t j0 = 0; j0 < BK; j0 += 16) {
+    const float* src[16];
+    for (int i = 0; i < 16; ++i) {
+      const int64_t key = key0 + j0 + i;
+      src[i] = j0 + i < cols ? reinterpret_cast<const float*>(
+                                   k + (rows ? rows[key] : key) * k_row + h * k_head)
+                             : nullptr;
+    }
+    for (int64_t e0 = 0; e0 < d / 2; e0 += 16) {  // d / 2 is a multiple of 8
+      const int pairs = (int)std::min<int64_t>(16, d / 2 - e0);
+      const __mmask16 first = (__mmask16)((1u << pairs) - 1);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = src[i] ? _mm512_maskz_loadu_ps(first, src[i] + e0) : _mm512_setzero_ps();
+      simd::transpose(r);
+      for (int i = 0; i < pairs; ++i) _mm512_storeu_ps(out + (e0 + i) * BK + j0, r[i]);
+    }
   }
 }
 
@@ -385,7 +377,8 @@ int vllm_varlen_attention_bf16_built() { return VLLM_ATTN_BF16; }
 
 // As vllm_varlen_attention, on bfloat16 q/k/v (their bits as uint16); out is bfloat16
 // where out_bf16, else float32. bf16_pv: P*V with vdpbf16ps on P rounded to bf16, else
-// with float32 FMAs on float32 P (see the top of the file for why that is the default). Returns 0, or 1 with a message in err[0:err_len].
+// with float32 FMAs on float32 P (see the top of the file for why that is the default).
+// Returns 0, or 1 with a message in err[0:err_len].
 int vllm_varlen_attention_bf16(const uint16_t* q, int64_t q_row, int64_t q_head,
                                const uint16_t* k, int64_t k_row, int64_t k_head,
                                const uint16_t* v, int64_t v_row, int64_t v_head, void* out,

@@ -1,0 +1,85 @@
+// The online (flash-style) softmax step of a query block, shared by the float32 and
+// bfloat16 attention kernels (varlen_attention.cpp, varlen_attention_bf16.cpp).
+//
+// It runs in passes over all of the block's rows rather than row by row: a row's work is a
+// serial chain (its max, the max's reduction, exp, the sum's reduction), and separate
+// passes let the chains of different rows overlap; the accumulator factors
+// exp(m_old - m_new) of W rows come from one vector exp instead of W scalar ones.
+#pragma once
+
+#include "simd.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <limits>
+
+#if VLLM_SIMD_WIDTH
+namespace varlen {
+
+// A block's per-row softmax state ([BQ] each, BQ a multiple of W): running max m and sum
+// l, the keys each row sees in this key block (valid), and scratch.
+struct SoftmaxRows {
+  float* m;
+  float* l;
+  const int* valid;
+  float* m_new;
+  float* corr;
+};
+
+// Scores s[r * stride + j] (times `scale`) of rows 0 .. rows - 1 (rows <= BQ) against this
+// key block's first `cols` keys become weights: emit(r, u, e) stores row r's u-th vector of
+// weights e (0 past valid[r]) where P*V reads them and returns the values it stored, whose
+// sum joins l; clear(r) zeroes a row that sees no key here. Each row's accumulator
+// acc[r * d : (r + 1) * d] is rescaled to the new max.
+template <bool SCALED, class Emit, class Clear>
+inline void online_softmax(const float* s, int stride, int rows, int cols, float scale,
+                           const SoftmaxRows st, float* acc, int d, Emit emit, Clear clear) {
+  using simd::vf;
+  using simd::W;
+  const int n = (cols + W - 1) / W;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const vf vs = simd::set1(scale);
+  auto score = [&](const float* x, int u) {
+    const vf v = simd::load(x + W * u);
+    return SCALED ? simd::mul(v, vs) : v;
+  };
+  for (int r = 0; r < rows; ++r) {  // pass 1: each row's new running max
+    const float* x = s + r * stride;
+    const int valid = st.valid[r];
+    vf vmax = simd::set1(neg_inf);
+    for (int u = 0; u < n; ++u) {
+      const vf v = simd::load_first(x + W * u, valid - W * u, neg_inf);
+      vmax = simd::max(vmax, SCALED ? simd::mul(v, vs) : v);
+    }
+    st.m_new[r] = valid > 0 ? std::max(st.m[r], simd::reduce_max(vmax)) : st.m[r];
+  }
+  for (int r = 0; r < rows; r += W) {  // pass 2: the factors, W rows per exp (m = -inf: 0)
+    const vf old = simd::load(st.m + r);
+    const vf keep = simd::exp(simd::sub(old, simd::load(st.m_new + r)));
+    const vf was_empty = simd::sub(old, simd::set1(-FLT_MAX));  // < 0 only where old = -inf
+    simd::store(st.corr + r, simd::select_negative(was_empty, simd::zero(), keep));
+  }
+  for (int r = 0; r < rows; ++r) {  // pass 3: the weights, their sums, the rescaling
+    const int valid = st.valid[r];
+    if (valid <= 0) {
+      clear(r);
+      continue;
+    }
+    const float* x = s + r * stride;
+    const vf vmx = simd::set1(st.m_new[r]);
+    vf vsum = simd::zero();
+    for (int u = 0; u < n; ++u) {
+      const vf e = simd::keep_first(simd::exp(simd::sub(score(x, u), vmx)), valid - W * u);
+      vsum = simd::add(vsum, emit(r, u, e));
+    }
+    const float corr = st.corr[r];
+    st.l[r] = st.l[r] * corr + simd::reduce_add(vsum);
+    st.m[r] = st.m_new[r];
+    if (corr != 1.0f)
+      for (int e = 0; e < d; e += W)
+        simd::store(acc + r * d + e, simd::mul(simd::load(acc + r * d + e), simd::set1(corr)));
+  }
+}
+
+}  // namespace varlen
+#endif  // VLLM_SIMD_WIDTH
