@@ -173,6 +173,8 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
       const float* src = q_row(i0 + r);
       for (int e = 0; e < d; ++e) qsb[r * d + e] = r < rows ? src[e] * scale : 0.0f;
     }
+    for (int64_t i = i0 + BQ; i < std::min<int64_t>(nq, i0 + 2 * BQ); ++i)
+      varlen::prefetch(q_row(i), d * sizeof(float));  // the next block's queries
     std::fill(sc.acc.begin(), sc.acc.begin() + rows4 * d, 0.0f);
     std::fill(sc.m.begin(), sc.m.end(), neg_inf);
     std::fill(sc.l.begin(), sc.l.end(), 0.0f);
@@ -242,6 +244,8 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
         const int64_t key = key0 + j0 + i;
         src[i] = j0 + i < cols ? k + (rows ? rows[key] : key) * k_row + h * k_head : nullptr;
       }
+      for (int64_t key = key0 + j0 + W; key < key0 + std::min<int64_t>(cols, j0 + 2 * W); ++key)
+        varlen::prefetch(k + (rows ? rows[key] : key) * k_row + h * k_head, d * sizeof(float));
       for (int64_t e0 = 0; e0 < d; e0 += W) {
         vf r[W];
         for (int i = 0; i < W; ++i) r[i] = src[i] ? simd::load(src[i] + e0) : simd::zero();

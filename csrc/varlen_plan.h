@@ -15,6 +15,16 @@ namespace varlen {
 
 constexpr int BK = 64;  // keys per tile / per key block
 
+// Asks for the cache lines of [p, p + bytes) ahead of their use. The q and k rows of a head
+// come from memory (the projection's output, rows a few KiB apart, each read once per
+// head): the float32 kernel fetching the next query block and the next 16 keys this way
+// ran MiniLM's attention 1.06x (AVX-512) / 1.03x (AVX2) faster, head_dim 64 / 128 1.00x.
+// The bf16 kernel with the same prefetches ran 0.9x at head_dim 64 / 128: it has none.
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(c + at);
+}
+
 struct Plan {
   std::vector<int64_t> tile0;     // [b + 1]: each sequence's first logical tile
   std::vector<int64_t> tile_seq;  // the sequence of each logical tile
