@@ -1,5 +1,5 @@
 // The float end of every int8 GEMM: out[c] = epilogue(acc[c] * row_scale * col_scale[c] +
-// bias[c]) over a span of a row. One definition for the separate pass after oneDNN's GEMM
+// bias[c]) over a span of a row, and the row quantizer that starts the next one. One definition for the separate pass after oneDNN's GEMM
 // (int8_linear.cpp) and the AVX2 GEMM's fused one (int8_gemm_avx2.cpp), so both paths give
 // the same floats: a column takes the vector form where a whole vector of the row holds it,
 // else the scalar one, in both (the AVX2 kernel's 16-column blocks are whole vectors).
@@ -8,6 +8,8 @@
 #include "epilogue.h"
 #include "simd.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #if VLLM_SIMD_WIDTH
@@ -31,6 +33,24 @@ inline void span(const int32_t* acc, int64_t n, float row_scale, const float* co
     const float v = (float)acc[c] * (row_scale * col_scales[c]) + (bias ? bias[c] : 0.0f);
     dst[c] = scalar_epilogue(v, mode, other, (int)c);
   }
+}
+
+// The start of the next int8 projection: scale = max|x| / 127, q = round(x / scale)
+// (nearest even, as torch.round) over one row of k floats. One definition for the separate
+// pass (int8_linear.cpp) and the VNNI GEMM's quantized output, so both give the same bytes.
+inline void quantize_row(const float* x, int64_t k, int8_t* q, float* scale) {
+  using simd::vf;
+  constexpr int W = simd::W;
+  vf vmax = simd::zero();
+  int64_t c = 0;
+  for (; c + W <= k; c += W) vmax = simd::max(vmax, simd::abs(simd::load(x + c)));
+  float amax = simd::reduce_max(vmax);
+  for (; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  *scale = amax / 127.0f;
+  const vf vinv = simd::set1(inv);
+  for (c = 0; c + W <= k; c += W) simd::store_i8(q + c, simd::mul(simd::load(x + c), vinv));
+  for (; c < k; ++c) q[c] = (int8_t)std::nearbyint(x[c] * inv);
 }
 
 }  // namespace int8_dequantize

@@ -189,13 +189,14 @@ int vllm_int8_gemm_vnni_built() { return VLLM_INT8_VNNI; }
 // out [m, n] float32 (row stride n) = epilogue(a [m, k] int8 (row stride a_row) x the packed
 // weight of n columns, comp [ceil(n / 16) * 16] its 128 * column sums (see the top)),
 // dequantized as int8_dequantize.h with row_scales [m], col_scales [n], bias [n] or null,
-// other [m, n] (row stride other_row, modes 1, 2) or null. Returns 0, or 1 where the build
-// has no AVX512-VNNI.
+// other [m, n] (row stride other_row, modes 1, 2) or null. q_out [m, n] int8 and q_scales
+// [m], or both null: out's rows quantized as vllm_quantize_rows would (the next projection's
+// input, without another pass over out). Returns 0, or 1 where the build has no AVX512-VNNI.
 int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                         const int8_t* w_packed, const int32_t* comp, int64_t n,
                         const float* row_scales, const float* col_scales, const float* bias,
                         const float* other, int64_t other_row, int mode, float* out,
-                        int threads) {
+                        int8_t* q_out, float* q_scales, int threads) {
 #if !VLLM_INT8_VNNI
   return 1;
 #else
@@ -214,11 +215,20 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
     shift_rows(a + r0 * a_row, r1 - r0, k, a_row, kp, u.data());
     const Panel p{u.data(), sums.data(), (b1 - b0) * kBlock, r0, b0};
     panel_sums(op, p, r1, b1);
-    // whole rows of the task's columns back to float: out and other stream in order
+    // whole rows of the task's columns back to float: out and other stream in order; a
+    // task of whole rows quantizes each one while it is in L1
     const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
-    for (int64_t r = r0; r < r1; ++r)
+    for (int64_t r = r0; r < r1; ++r) {
       int8_gemm::store_row(p.sums + (r - r0) * p.ld, r, b0 * kBlock, cols, dq, out, n);
+      if (q_out && task_blocks >= blocks)
+        int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
+    }
   });
+  if (q_out && task_blocks < blocks) {  // rows split between tasks: a pass of its own
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < m; ++r)
+      int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
+  }
   return 0;
 #endif
 }

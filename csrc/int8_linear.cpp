@@ -26,23 +26,9 @@ int vllm_quantize_rows(const float* x, int64_t m, int64_t k, int64_t x_row, int8
 #if !VLLM_SIMD_WIDTH
   return 1;
 #else
-  using simd::vf;
-  constexpr int W = simd::W;
 #pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
-  for (int64_t r = 0; r < m; ++r) {
-    const float* xr = x + r * x_row;
-    int8_t* qr = q + r * k;
-    vf vmax = simd::zero();
-    int64_t c = 0;
-    for (; c + W <= k; c += W) vmax = simd::max(vmax, simd::abs(simd::load(xr + c)));
-    float amax = simd::reduce_max(vmax);
-    for (; c < k; ++c) amax = std::max(amax, std::fabs(xr[c]));
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    scales[r] = amax / 127.0f;
-    const vf vinv = simd::set1(inv);
-    for (c = 0; c + W <= k; c += W) simd::store_i8(qr + c, simd::mul(simd::load(xr + c), vinv));
-    for (; c < k; ++c) qr[c] = (int8_t)std::nearbyint(xr[c] * inv);
-  }
+  for (int64_t r = 0; r < m; ++r)
+    int8_dequantize::quantize_row(x + r * x_row, k, q + r * k, scales + r);
   return 0;
 #endif
 }

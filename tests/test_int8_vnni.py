@@ -91,6 +91,61 @@ def test_kernel_bit_identical_on_random_shapes_and_modes(vnni_gemm):
 
 
 @needs_vnni
+def test_kernel_quantized_output_is_quantize_rows_of_its_floats(vnni_gemm):
+    """`quantized=True` also returns the output's rows quantized, the bytes and scales
+    `quantize_rows` makes of the floats: tasks of whole rows (400 rows: 9 panels of 48)
+    quantize in the GEMM's pass, tasks that split the columns (few rows) in a pass after
+    it; with an activation, a residual, a row of zeros (scale 0) and K past one chunk."""
+    quantize, _ = cpu_kernels.int8_kernels()
+    g = torch.Generator().manual_seed(2)
+    for m, k, n, mode in [(400, 100, 75, 3), (5, 64, 1000, 0), (1, 37, 21, 1),
+                          (97, 600, 130, 4), (3, 40, 17, 0)]:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        rs[0] = 0.0  # a row of zeros: scale 0, q 0
+        other = torch.randn(m, n, generator=g) if mode in (1, 2) else None
+        bias = torch.randn(n, generator=g) if mode else None
+        out, q, s = vnni_gemm(a, i8.pack_avx2(w), i8.column_compensation(w), n, rs, cs,
+                              bias, mode, other, quantized=True)
+        want_q, want_s = quantize(out)
+        assert torch.equal(q, want_q) and torch.equal(s, want_s), (m, k, n, mode)
+        if mode == 0:
+            assert s[0] == 0 and not q[0].any()
+
+
+@needs_vnni
+def test_mlp_hands_its_hidden_rows_over_quantized(vnni_gemm, monkeypatch):
+    """`mlp_add(up, down, x, residual)` on Linear layers bound to the VNNI path: the same
+    floats as `down.forward_add(up(x), residual)`, with one quantizing pass fewer (the up
+    GEMM quantized its rows); the gated form likewise; a down layer under no int8 GEMM
+    ignores the handed-over rows."""
+    from vllm.model_executor.layers.linear import GatedLinear, Linear, mlp_add
+    kernels = cpu_kernels.int8_kernels()
+    gemm = i8.VnniInt8Gemm(kernels, vnni_gemm)
+    passes = []
+    quantize = gemm.quantize
+    monkeypatch.setattr(gemm, "quantize", lambda rows: passes.append(1) or quantize(rows))
+    torch.manual_seed(3)
+    for up in (Linear(64, 200, activation="gelu"), GatedLinear(64, 200)):
+        down = Linear(200, 64)
+        for layer in (up, down):
+            layer.bind(gemm)
+        x, residual = torch.randn(70, 64), torch.randn(70, 64)
+        passes.clear()
+        want = down.forward_add(up(x), residual)
+        separate = len(passes)
+        passes.clear()
+        got = mlp_add(up, down, x, residual)
+        assert torch.equal(got, want) and len(passes) == separate - 1, (type(up), passes)
+    plain_down = Linear(200, 64)
+    hidden, quantized = up.forward_hidden(x)
+    assert quantized is not None
+    assert torch.equal(plain_down.forward_add(hidden, residual, quantized),
+                       plain_down.forward_add(hidden, residual))
+
+
+@needs_vnni
 def test_kernel_sums_exact_at_the_int8_edges(vnni_gemm):
     """Unit scales give the int32 sums back as floats (exact below 2^24): all +-127 (the
     largest |sums| and compensations), alternating signs, -128 (u = 0: still exact, though

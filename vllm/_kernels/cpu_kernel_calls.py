@@ -223,17 +223,22 @@ def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: i
 def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
                    comp: torch.Tensor, n: int, row_scales: torch.Tensor,
                    col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
-                   other: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   other: Optional[torch.Tensor] = None, quantized: bool = False):
     """As `int8_gemm_avx2` on csrc/int8_gemm_vnni.cpp (AVX512-VNNI): the same packed
-    weight, plus comp int32 [ceil(n / 16) * 16], 128 times each column's weight sum."""
+    weight, plus comp int32 [ceil(n / 16) * 16], 128 times each column's weight sum.
+    `quantized`: (out, q_out [M, n] int8, scales [M]), out's rows as `quantize_rows`
+    gives them, made in the same pass."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
         q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
     _check(comp.dtype == torch.int32 and comp.is_contiguous() and
            comp.numel() == packed.shape[0] * 16, "comp must be contiguous int32 "
            f"[{packed.shape[0] * 16}]")
+    q_out = torch.empty((m, n), dtype=torch.int8) if quantized else None
+    q_scales = torch.empty(m, dtype=torch.float32) if quantized else None
     _check(lib.vllm_int8_gemm_vnni(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), comp.data_ptr(), n,
         row_scales.data_ptr(), col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode,
-        out.data_ptr(), torch.get_num_threads()) == 0,
+        out.data_ptr(), q_out.data_ptr() if quantized else 0,
+        q_scales.data_ptr() if quantized else 0, torch.get_num_threads()) == 0,
         "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
-    return out
+    return (out, q_out, q_scales) if quantized else out

@@ -158,8 +158,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_vnni_built.restype = ctypes.c_int
         lib.vllm_int8_gemm_vnni.restype = ctypes.c_int
         lib.vllm_int8_gemm_vnni.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64] +
-                                            [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
-                                                          ctypes.c_int])
+                                            [_PTR] * 4 + [_I64, ctypes.c_int, _PTR, _PTR,
+                                                          _PTR, ctypes.c_int])
     return lib
 
 

@@ -37,6 +37,8 @@ _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]]
     "silu": ("swish", "", F.silu),
 }
 Weight = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+# rows quantized per row: (int8 [M, K], float32 scales [M]) (layers/int8_linear.py)
+Quantized = tuple[torch.Tensor, torch.Tensor]
 # (packed weight, the plain [out, in] weight it was packed from) -> a few-row kernel
 # reading it, or None
 SkinnyFactory = Callable[[torch.Tensor, torch.Tensor], Optional["SkinnyWeight"]]
@@ -187,14 +189,31 @@ class Linear(nn.Linear):
             return _skinny_activation(self.skinny, x, self.bias, self.activation)
         return self.gemm.linear(x, self._gemm_weight(), self.bias, self.activation)
 
-    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """x @ W.T + b + residual; only for layers without an activation."""
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor,
+                    quantized: Optional[Quantized] = None) -> torch.Tensor:
+        """x @ W.T + b + residual; only for layers without an activation. `quantized`: x's
+        rows as an up projection's `forward_hidden` handed them over."""
         assert self.activation is None, "forward_add is for projections without activation"
         if self.lora is not None and (plan := self.lora.plan(x)):
             return self.lora.forward(self, x, plan, residual=residual)
         if self.skinny is not None and self.skinny.takes(x):
             return self.skinny(x, self.bias, "add", residual)
+        if quantized is not None and hasattr(self.gemm, "hidden"):
+            return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias, quantized)
         return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
+
+    def forward_hidden(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[Quantized]]:
+        """An MLP's up projection: forward(x), and where the bound GEMM quantizes its output
+        in the same pass (int8, VNNI kernel) those rows for the down projection's
+        `forward_add(quantized=)`, else None."""
+        if self._hands_over(x):
+            return self.gemm.hidden(x, self._gemm_weight(), self.bias, self.activation)
+        return self(x), None
+
+    def _hands_over(self, x: torch.Tensor) -> bool:
+        """x takes the bound GEMM's own path, and that GEMM has `hidden` (Int8Gemm)."""
+        return (hasattr(self.gemm, "hidden") and self.skinny is None
+                and (self.lora is None or not self.lora.plan(x)))
 
     def forward_mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) * other; only for layers without an activation."""
@@ -265,6 +284,11 @@ class GatedLinear(Linear):
             return up(x, None, "mul", _skinny_activation(gate, x, None, self.gate_activation))
         return self.gemm.gated(x, self._gemm_weight(), self.gate_activation)
 
+    def forward_hidden(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[Quantized]]:
+        if self._hands_over(x):
+            return self.gemm.gated_hidden(x, self._gemm_weight(), self.gate_activation)
+        return self(x), None
+
     def project(self, x: torch.Tensor, mode: Optional[str] = None,  # type: ignore[override]
                 other: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x @ gate.T, x @ up.T) on the bound GEMM, before the activation and product."""
@@ -290,6 +314,13 @@ def _skinny_activation(weight: SkinnyWeight, x: torch.Tensor, bias: Optional[tor
     if activation is None or activation in SKINNY_ACTIVATIONS:
         return weight(x, bias, activation)
     return _ACTIVATIONS[activation][2](weight(x, bias))
+
+
+def mlp_add(up: Linear, down: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + down(up(x)), the hidden rows handed from one projection to the next as
+    the bound GEMM prefers (int8: quantized in the up projection's own pass)."""
+    hidden, quantized = up.forward_hidden(x)
+    return down.forward_add(hidden, residual, quantized)
 
 
 def bind_linear(model: nn.Module, gemm: Gemm, skinny: Optional[SkinnyFactory] = None) -> int:

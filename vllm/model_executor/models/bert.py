@@ -8,7 +8,7 @@ from torch import nn
 
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import Linear
+from vllm.model_executor.layers.linear import Linear, mlp_add
 from vllm.model_executor.lora_target import LoRATarget, linear_at, whole
 from vllm.model_executor.weight_utils import load_mapped
 
@@ -69,7 +69,7 @@ class BertLayer(nn.Module):
         if rows is not None:
             x, attn = x[rows], attn[rows]
         x = self.attn_norm(self.attn_out.forward_add(attn, x))
-        return self.out_norm(self.out.forward_add(self.intermediate(x), x))
+        return self.out_norm(mlp_add(self.intermediate, self.out, x, x))
 
 
 # HF sub-names -> ours, inside one encoder layer.

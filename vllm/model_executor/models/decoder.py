@@ -14,7 +14,7 @@ from torch import nn
 
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import GatedLinear, Linear
+from vllm.model_executor.layers.linear import GatedLinear, Linear, mlp_add
 from vllm.model_executor.layers.norm import RMSNorm
 from vllm.model_executor.layers.rotary import (RotaryEmbedding, apply_rotary,
                                                interleave_halves, rope_parameters)
@@ -79,7 +79,7 @@ class DecoderMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + the MLP of x."""
-        return self.down_proj.forward_add(self.gate_up_proj(x), residual)
+        return mlp_add(self.gate_up_proj, self.down_proj, x, residual)
 
 
 class DecoderLayer(nn.Module):

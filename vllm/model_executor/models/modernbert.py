@@ -15,7 +15,7 @@ from torch import nn
 
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import GatedLinear, Linear
+from vllm.model_executor.layers.linear import GatedLinear, Linear, mlp_add
 from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, interleave_halves
 from vllm.model_executor.lora_target import LoRATarget, whole
 from vllm.model_executor.weight_utils import copy_param
@@ -105,7 +105,7 @@ class ModernBertMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if isinstance(self.Wi, GatedLinear):
-            return self.Wo.forward_add(self.Wi(x), residual)
+            return mlp_add(self.Wi, self.Wo, x, residual)
         inp, gate = self.Wi(x).chunk(2, dim=-1)
         return self.Wo.forward_add(self.act(inp) * gate, residual)
 

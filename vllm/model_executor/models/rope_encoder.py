@@ -19,7 +19,8 @@ from torch import nn
 
 from vllm.attention.metadata import AttentionMetadata
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import GatedLinear, Linear, apply_activation
+from vllm.model_executor.layers.linear import (GatedLinear, Linear, apply_activation,
+                                               mlp_add)
 from vllm.model_executor.layers.rotary import RotaryEmbedding, apply_rotary, interleave_halves
 from vllm.model_executor.lora_target import LoRATarget, linear_at, whole
 from vllm.model_executor.weight_utils import copy_param, copy_shard
@@ -114,13 +115,11 @@ class RopeEncoderLayer(nn.Module):
         if rows is not None:
             x, out = x[rows], out[rows]
         x = self.attn_norm(self.attn_out.forward_add(out, x))
-        if not self.gated:
-            hidden = self.up(x)
-        elif isinstance(self.gate_up, GatedLinear):
-            hidden = self.gate_up(x)
-        else:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            hidden = apply_activation(self.activation, gate) * up
+        if not self.gated or isinstance(self.gate_up, GatedLinear):
+            return self.mlp_norm(mlp_add(self.gate_up if self.gated else self.up, self.down,
+                                         x, x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        hidden = apply_activation(self.activation, gate) * up
         return self.mlp_norm(self.down.forward_add(hidden, x))
 
 
