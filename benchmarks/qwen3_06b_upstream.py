@@ -30,7 +30,11 @@ def main() -> None:
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     from vllm import LLM
-    llm = LLM(model=model, runner="pooling", dtype="float32")
+    # max_model_len 512, as sentence-transformers' max_seq_length (the embedder's ST files
+    # say so; the reranker has none) and CrossEncoder(max_length=512): upstream otherwise
+    # takes the config's 32768 and, at 28 layers, refuses to start (one such request needs
+    # 7 GiB of KV cache, more than VLLM_CPU_KVCACHE_SPACE=2). Every workload here is < 512.
+    llm = LLM(model=model, runner="pooling", dtype="float32", max_model_len=512)
     reply.write(json.dumps({"ready": True}) + "\n")
     reply.flush()
     for line in sys.stdin:
