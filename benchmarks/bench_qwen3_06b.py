@@ -435,28 +435,36 @@ def main() -> None:
           f"{torch.get_num_threads()}, ISA: {' '.join(flags)}\nfloat32 peak this run "
           f"{peak_run:.1f} GFLOP/s, best seen {peak_best:.1f}; layers {args.layers}")
     embed_dir, rerank_dir = checkpoints(args.layers, args.seed)
+    name = "bench_qwen3_06b" + ("" if args.layers == 28 else f"_L{args.layers}") + \
+        ("" if len(args.only) == 2 else f"_{args.only[0]}")
+
+    def save(rows: list[dict]) -> None:  # after each section: a later failure keeps it
+        write_json(name, {
+            "layers": args.layers, "repeats": args.repeats, "isa": flags,
+            "peak_float32_this_run_gflops": peak_run, "peak_float32_best_gflops": peak_best,
+            "flop_formula": FLOP_FORMULA, "settings": {
+                "engine": "LLM(dir, dtype='float32') defaults; embed(prompt=instruction) / "
+                          "score",
+                "st": "SentenceTransformer(dir).encode(batch_size=16, prompt=instruction); "
+                      "CrossEncoder(dir, max_length=512).predict(batch_size=16)",
+                "upstream": "LLM(dir, runner='pooling', dtype='float32', max_model_len=512)"},
+            "results": rows})
+
     rows = []
     if "embed" in args.only:
         rows += embed_section(embed_dir, args, (peak_run, peak_best), args.layers)
+        save(rows)
     if "rerank" in args.only:
         rows.append(rerank_section(rerank_dir, args, (peak_run, peak_best), args.layers))
+        save(rows)
     if args.rss:
         for r in rows:
             model = rerank_dir if r["workload"] == "rerank" else embed_dir
             for peer in ("engine", "st"):
                 r["rss_mib"][peer]["isolated_peak"] = isolated_peak_rss(
                     peer, r["workload"], model)
+        save(rows)
     print_table(rows)
-    name = "bench_qwen3_06b" + ("" if args.layers == 28 else f"_L{args.layers}") + \
-        ("" if len(args.only) == 2 else f"_{args.only[0]}")
-    write_json(name, {
-        "layers": args.layers, "repeats": args.repeats, "isa": flags,
-        "peak_float32_this_run_gflops": peak_run, "peak_float32_best_gflops": peak_best,
-        "flop_formula": FLOP_FORMULA, "settings": {
-            "engine": "LLM(dir, dtype='float32') defaults; embed(prompt=instruction) / score",
-            "st": "SentenceTransformer(dir).encode(batch_size=16, prompt=instruction); "
-                  "CrossEncoder(dir, max_length=512).predict(batch_size=16)"},
-        "results": rows})
 
 
 if __name__ == "__main__":
