@@ -1,8 +1,9 @@
 // The float end of every int8 GEMM: out[c] = epilogue(acc[c] * row_scale * col_scale[c] +
-// bias[c]) over a span of a row, and the row quantizer that starts the next one. One definition for the separate pass after oneDNN's GEMM
-// (int8_linear.cpp) and the AVX2 GEMM's fused one (int8_gemm_avx2.cpp), so both paths give
-// the same floats: a column takes the vector form where a whole vector of the row holds it,
-// else the scalar one, in both (the AVX2 kernel's 16-column blocks are whole vectors).
+// bias[c]) over a span of a row, and the row quantizer that starts the next one. One
+// definition for the separate pass after oneDNN's GEMM (int8_linear.cpp) and the AVX2
+// GEMM's fused one (int8_gemm_avx2.cpp), so both paths give the same floats: a column
+// takes the vector form where a whole vector of the row holds it, else the scalar one, in
+// both (the AVX2 kernel's 16-column blocks are whole vectors).
 #pragma once
 
 #include "epilogue.h"

@@ -255,7 +255,7 @@ class Int8Gemm:
         return self._run(x, w, b, "mul", other)[0]
 
     def gated(self, x, w: tuple[Int8Weight, Int8Weight], activation: str = "silu"):
-        return self.gated_hidden(x, w, activation)[0]
+        return self.gated_hidden(x, w, activation, keep=False)[0]
 
     def hidden(self, x, w: Int8Weight, b, activation: Optional[str]) -> Projected:
         """An MLP's hidden rows act(x @ w.T + b) and, where the GEMM quantizes them in the
@@ -263,14 +263,15 @@ class Int8Gemm:
         or None."""
         return self._act(x, w, b, activation, keep=True)
 
-    def gated_hidden(self, x, w: tuple[Int8Weight, Int8Weight],
-                     activation: str = "silu") -> Projected:
-        """act(x @ gate.T) * (x @ up.T), x quantized once for both GEMMs; as `hidden`."""
+    def gated_hidden(self, x, w: tuple[Int8Weight, Int8Weight], activation: str = "silu",
+                     keep: bool = True) -> Projected:
+        """act(x @ gate.T) * (x @ up.T), x quantized once for both GEMMs; as `hidden`
+        (`keep=False`: `gated`, whose caller reads only the floats)."""
         gate, up = w
         rows = _rows(x)
         quantized = self.quantize(rows) if rows.shape[0] else None
         gated, _ = self._act(x, gate, None, activation, quantized)
-        return self._run(x, up, None, "mul", gated, quantized=quantized, keep=True)
+        return self._run(x, up, None, "mul", gated, quantized=quantized, keep=keep)
 
 
 class Avx2Int8Gemm(Int8Gemm):
