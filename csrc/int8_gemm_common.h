@@ -37,6 +37,27 @@ inline void store_row(const int32_t* sums, int64_t m, int64_t c0, int cols,
                         out + m * ldc + c0);
 }
 
+// The end of a task: rows [r0, r1) of its int32 sums (row stride ld, columns from c0) back
+// to float in out (row stride n); with q_out and whole rows (the task has every column),
+// each row quantized for the next projection while it is in L1.
+inline void finish_rows(const int32_t* sums, int64_t ld, int64_t r0, int64_t r1, int64_t c0,
+                        int cols, const Dequantize& dq, float* out, int64_t n,
+                        int8_t* q_out, float* q_scales, bool whole_rows) {
+  for (int64_t r = r0; r < r1; ++r) {
+    store_row(sums + (r - r0) * ld, r, c0, cols, dq, out, n);
+    if (q_out && whole_rows)
+      int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
+  }
+}
+
+// out's m rows quantized in a pass of their own (the tasks split rows between them).
+inline void quantize_all(const float* out, int64_t m, int64_t n, int8_t* q_out,
+                         float* q_scales, int threads) {
+#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
+  for (int64_t r = 0; r < m; ++r)
+    int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
+}
+
 // fn(r0, r1, b0, b1) over the tasks of panel_rows rows x panel_blocks blocks that cover m
 // rows x `blocks` blocks, spread over `threads`. Dynamic, so that on a machine shared with
 // other processes a thread that loses its core takes fewer tasks, not holding up the rest

@@ -218,17 +218,11 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
     // whole rows of the task's columns back to float: out and other stream in order; a
     // task of whole rows quantizes each one while it is in L1
     const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
-    for (int64_t r = r0; r < r1; ++r) {
-      int8_gemm::store_row(p.sums + (r - r0) * p.ld, r, b0 * kBlock, cols, dq, out, n);
-      if (q_out && task_blocks >= blocks)
-        int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
-    }
+    int8_gemm::finish_rows(p.sums, p.ld, r0, r1, b0 * kBlock, cols, dq, out, n, q_out,
+                           q_scales, task_blocks >= blocks);
   });
-  if (q_out && task_blocks < blocks) {  // rows split between tasks: a pass of its own
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < m; ++r)
-      int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
-  }
+  if (q_out && task_blocks < blocks)  // rows split between tasks: a pass of its own
+    int8_gemm::quantize_all(out, m, n, q_out, q_scales, threads);
   return 0;
 #endif
 }

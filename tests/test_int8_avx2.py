@@ -181,7 +181,7 @@ def minilm_embeddings(minilm_dir, shared_llm) -> dict[str, np.ndarray]:
     out = {"float32": embed(shared_llm(minilm_dir))}
     if cpu_kernels.cpu_flags() & set(i8.DOT_FLAGS) and i8.int8_gemm_exact():
         llm = LLM(minilm_dir, quantization="int8")
-        assert _gemm_paths(llm) <= {"VNNI", "VNNI_FUSED", "AMX"}
+        assert _gemm_paths(llm) <= {"VNNI", "VNNI_FUSED", "AMX", "AMX_FUSED"}
         out["vnni"] = embed(llm)
     return out
 

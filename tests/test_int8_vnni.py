@@ -66,14 +66,9 @@ def _run(kernel, a, w, rs, cs, bias, mode, other):
                   mode, other)
 
 
-@needs_vnni
-def test_kernel_bit_identical_on_random_shapes_and_modes(vnni_gemm):
-    """M 1..70 (tiles of 1-6 rows, past a 48-row panel), K not a multiple of 4 (nor of 64),
-    N not a multiple of 16 (nor of a 64-column tile), K past one 512 chunk; activations
-    strided as models pass them; every epilogue mode, with and without bias."""
-    g = torch.Generator().manual_seed(0)
-    shapes = [(1, 37, 21), (2, 3, 5), (5, 100, 75), (6, 64, 16), (7, 255, 129),
-              (13, 385, 1000), (48, 1, 17), (49, 520, 65), (70, 1537, 40), (31, 130, 200)]
+def _mismatches(run: Callable, shapes, g: torch.Generator) -> list:
+    """(m, k, n, mode, bias?) where run(a, w, rs, cs, bias, mode, other) differs from the
+    oneDNN path's floats: a strided as models pass it, every epilogue mode, +- bias."""
     failed = []
     for m, k, n in shapes:
         a = torch.randint(-127, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:k + 2]
@@ -84,10 +79,21 @@ def test_kernel_bit_identical_on_random_shapes_and_modes(vnni_gemm):
         for mode in MODES:
             for bias in (None, b):
                 o = other if mode in (1, 2) else None
-                got = _run(vnni_gemm, a, w, rs, cs, bias, mode, o)
+                got = run(a, w, rs, cs, bias, mode, o)
                 if not torch.equal(got, _reference(acc, rs, cs, bias, mode, o)):
                     failed.append((m, k, n, mode, bias is not None))
-    assert failed == []
+    return failed
+
+
+@needs_vnni
+def test_kernel_bit_identical_on_random_shapes_and_modes(vnni_gemm):
+    """M 1..70 (tiles of 1-6 rows, past a 48-row panel), K not a multiple of 4 (nor of 64),
+    N not a multiple of 16 (nor of a 64-column tile), K past one 512 chunk; activations
+    strided as models pass them; every epilogue mode, with and without bias."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(1, 37, 21), (2, 3, 5), (5, 100, 75), (6, 64, 16), (7, 255, 129),
+              (13, 385, 1000), (48, 1, 17), (49, 520, 65), (70, 1537, 40), (31, 130, 200)]
+    assert _mismatches(lambda a, w, *rest: _run(vnni_gemm, a, w, *rest), shapes, g) == []
 
 
 @needs_vnni
@@ -208,7 +214,7 @@ def test_layers_equal_the_onednn_path(vnni_gemm):
     ({"avx2", "avx512_vnni"}, "auto", True, True, "VNNI_FUSED"),         # the default
     ({"avx2", "avx512_vnni"}, "auto", False, True, "VNNI"),              # oneDNN's
     ({"avx2", "avx512_vnni"}, "auto", True, False, "VNNI"),              # kernel missing
-    ({"avx2", "avx512_vnni", "amx_int8"}, "auto", True, True, "AMX"),    # AMX stays oneDNN
+    ({"avx2", "avx512_vnni", "amx_int8"}, "auto", True, True, "AMX"),    # AMX CPU: not the VNNI kernel
     ({"avx2", "avx_vnni"}, "auto", True, True, "VNNI"),                  # AVX-VNNI only
     ({"avx2", "avx512_vnni"}, "onednn", True, True, "VNNI"),
     ({"avx2", "avx512_vnni"}, "avx2", True, True, "AVX2"),
@@ -227,21 +233,28 @@ def test_forced_path_refused_where_the_kernel_cannot_run():
                        lambda: "unavailable (this CPU has no AVX512-VNNI)")
 
 
+def assert_engine_equal_across_paths(minilm_dir: str, monkeypatch, forced: str,
+                                     path: str) -> None:
+    """The engine on VLLM_CPU_INT8_PATH=`forced` (path `path`) and on oneDNN's path, or
+    (where oneDNN's int8 GEMM saturates: ONEDNN_MAX_CPU_ISA=AVX2) the AVX2 kernel's, which
+    computes the same exact sums and floats: the same MiniLM embeddings, bit for bit."""
+    from vllm import LLM
+    onednn = "AMX" if "amx_int8" in cpu_kernels.cpu_flags() else "VNNI"
+    reference = ("onednn", onednn) if i8.int8_gemm_exact() else ("avx2", "AVX2")
+    embeddings = {}
+    for env, want in ((forced, path), reference):
+        monkeypatch.setenv("VLLM_CPU_INT8_PATH", env)
+        llm = LLM(minilm_dir, quantization="int8")
+        model = llm.llm_engine.runner.model
+        assert {m.gemm.path for m in model.modules() if getattr(m, "gemm", None) is not None
+                and getattr(m.gemm, "name", None) == "int8"} == {want}
+        embeddings[want] = np.array([o.outputs.embedding for o in llm.embed(TEXTS)])
+    np.testing.assert_array_equal(embeddings[path], embeddings[reference[1]])
+
+
 @needs_vnni
 def test_minilm_embeddings_equal_across_paths(minilm_dir, vnni_gemm, vllm_log, monkeypatch):
     """The engine on VLLM_CPU_INT8_PATH=vnni_fused and =onednn: the same embeddings, bit
     for bit (same quantization, same int32 sums, same float end), logged path."""
-    from vllm import LLM
-    # oneDNN's path, or (where oneDNN's int8 GEMM saturates: ONEDNN_MAX_CPU_ISA=AVX2) the
-    # AVX2 kernel's, which computes the same exact sums and floats
-    reference = ("onednn", "VNNI") if i8.int8_gemm_exact() else ("avx2", "AVX2")
-    embeddings = {}
-    for forced, path in (("vnni_fused", "VNNI_FUSED"), reference):
-        monkeypatch.setenv("VLLM_CPU_INT8_PATH", forced)
-        llm = LLM(minilm_dir, quantization="int8")
-        model = llm.llm_engine.runner.model
-        assert {m.gemm.path for m in model.modules() if getattr(m, "gemm", None) is not None
-                and getattr(m.gemm, "name", None) == "int8"} == {path}
-        embeddings[path] = np.array([o.outputs.embedding for o in llm.embed(TEXTS)])
+    assert_engine_equal_across_paths(minilm_dir, monkeypatch, "vnni_fused", "VNNI_FUSED")
     assert "int8 projections: VNNI_FUSED path (C++ vpdpbusd kernel" in vllm_log.text
-    np.testing.assert_array_equal(embeddings["VNNI_FUSED"], embeddings[reference[1]])

@@ -73,9 +73,10 @@ environment_variables: dict[str, EnvVar] = {
     "VLLM_CPU_SKINNY_GEMM": EnvVar("1", _flag, "0: float32 projections of at most 64 rows "
                                    "use oneDNN, not the C++ kernel that reads its packed weights."),
     "VLLM_CPU_INT8_PATH": EnvVar("auto", lambda v: v.strip().lower() or "auto",
-                                 "quantization='int8' GEMM: auto (the C++ VNNI kernel on "
-                                 "AVX512-VNNI, oneDNN on AMX-INT8 / AVX-VNNI, else the C++ "
-                                 "AVX2 kernel), vnni_fused (force the VNNI kernel), avx2 "
+                                 "quantization='int8' GEMM: auto (the C++ AMX kernel on "
+                                 "AMX-INT8, the C++ VNNI kernel on AVX512-VNNI, oneDNN on "
+                                 "AVX-VNNI, else the C++ AVX2 kernel), amx_fused / "
+                                 "vnni_fused (force the AMX / VNNI kernel), avx2 "
                                  "(force the AVX2 kernel) or onednn (oneDNN only)."),
     "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
                                      "arenas alone."),

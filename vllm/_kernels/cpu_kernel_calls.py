@@ -242,3 +242,31 @@ def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
         q_scales.data_ptr() if quantized else 0, torch.get_num_threads()) == 0,
         "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
     return (out, q_out, q_scales) if quantized else out
+
+
+# bytes the AMX kernel may read past a packed weight's end (csrc/int8_gemm_amx.cpp)
+AMX_SLACK = 1024
+
+
+def int8_gemm_amx(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
+                  row_scales: torch.Tensor, col_scales: torch.Tensor,
+                  bias: Optional[torch.Tensor], mode: int,
+                  other: Optional[torch.Tensor] = None, quantized: bool = False):
+    """As `int8_gemm_vnni` on csrc/int8_gemm_amx.cpp (AMX-INT8 tiles, s8 x s8: no comp);
+    packed must have AMX_SLACK readable bytes after it in its storage (`pack_avx2(slack=)`)."""
+    m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
+        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
+    _check(packed.untyped_storage().nbytes() - packed.storage_offset() >=
+           packed.numel() + AMX_SLACK, f"packed needs {AMX_SLACK} bytes of slack after it "
+           "in its storage (pack_avx2(q, slack=AMX_SLACK))")
+    q_out = torch.empty((m, n), dtype=torch.int8) if quantized else None
+    q_scales = torch.empty(m, dtype=torch.float32) if quantized else None
+    rc = lib.vllm_int8_gemm_amx(
+        q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
+        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out.data_ptr(),
+        q_out.data_ptr() if quantized else 0, q_scales.data_ptr() if quantized else 0,
+        torch.get_num_threads())
+    _check(rc != 1, "int8_gemm_amx: the kernel library was built without AMX-INT8")
+    _check(rc != 2, "int8_gemm_amx: Linux refused this process AMX's tile state "
+           "(arch_prctl ARCH_REQ_XCOMP_PERM)")
+    return (out, q_out, q_scales) if quantized else out

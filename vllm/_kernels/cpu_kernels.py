@@ -160,6 +160,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_vnni.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64] +
                                             [_PTR] * 4 + [_I64, ctypes.c_int, _PTR, _PTR,
                                                           _PTR, ctypes.c_int])
+    if hasattr(lib, "vllm_int8_gemm_amx"):
+        lib.vllm_int8_gemm_amx_built.restype = ctypes.c_int
+        lib.vllm_int8_gemm_amx.restype = ctypes.c_int
+        lib.vllm_int8_gemm_amx.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] + [_PTR] * 4 +
+                                           [_I64, ctypes.c_int, _PTR, _PTR, _PTR,
+                                            ctypes.c_int])
     return lib
 
 
@@ -299,6 +305,24 @@ def int8_gemm_vnni_kernel() -> Optional[Callable]:
     CPU's AVX512-VNNI is missing."""
     return _int8_gemm_kernel("int8_gemm_vnni", VNNI_FLAGS,
                              "not for a CPU with AVX512-VNNI", "AVX512-VNNI")
+
+
+# /proc/cpuinfo flags the AMX int8 GEMM (csrc/int8_gemm_amx.cpp) needs
+AMX_FLAGS = {"avx512f", "avx512bw", "amx_tile", "amx_int8"}
+
+
+def int8_gemm_amx_kernel() -> Optional[Callable]:
+    """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None, quantized=False)`:
+    the s8 x s8 GEMM on AMX-INT8 tiles over the AVX2 kernel's packed weight (with
+    `f.slack` bytes after it), dequantized as `dequantize_rows` in the same pass
+    (csrc/int8_gemm_amx.cpp), or None where the library, its AMX build or this CPU's
+    AMX-INT8 is missing."""
+    kernel = _int8_gemm_kernel("int8_gemm_amx", AMX_FLAGS, "not for a CPU with AMX-INT8",
+                               "AMX-INT8")
+    if kernel is not None:
+        from vllm._kernels.cpu_kernel_calls import AMX_SLACK
+        kernel.slack = AMX_SLACK
+    return kernel
 
 
 def kernel_isa() -> Optional[str]:

@@ -134,25 +134,27 @@ class CpuPlatform(Platform):
         self.int8_path()
 
     def int8_path(self) -> tuple[str, str]:
-        """(path, why) `quantization="int8"` runs on here: "AMX", "VNNI", "VNNI_FUSED" or
-        "AVX2" (`int8_linear.choose_path`; VLLM_CPU_INT8_PATH forces one). Raises
-        ValueError."""
-        from vllm._kernels.cpu_kernels import (cpu_flags, int8_gemm_avx2_kernel,
-                                               int8_gemm_vnni_kernel, kernel_status)
+        """(path, why) `quantization="int8"` runs on here: "AMX_FUSED", "AMX", "VNNI",
+        "VNNI_FUSED" or "AVX2" (`int8_linear.choose_path`; VLLM_CPU_INT8_PATH forces one).
+        Raises ValueError."""
+        from vllm._kernels.cpu_kernels import (cpu_flags, int8_gemm_amx_kernel,
+                                               int8_gemm_avx2_kernel, int8_gemm_vnni_kernel,
+                                               kernel_status)
         from vllm.model_executor.layers.int8_linear import choose_path, int8_gemm_exact
 
         def missing(kernel: Callable, name: str) -> Callable[[], Optional[str]]:
             return lambda: None if kernel() is not None else kernel_status(name)
         return choose_path(cpu_flags(), envs.VLLM_CPU_INT8_PATH, int8_gemm_exact,
                            missing(int8_gemm_avx2_kernel, "int8_gemm_avx2"),
-                           missing(int8_gemm_vnni_kernel, "int8_gemm_vnni"))
+                           missing(int8_gemm_vnni_kernel, "int8_gemm_vnni"),
+                           missing(int8_gemm_amx_kernel, "int8_gemm_amx"))
 
     def int8_gemm(self):
         """The int8 GEMM of the path `int8_path` chooses, logged in one INFO line."""
-        from vllm._kernels.cpu_kernels import int8_gemm_avx2_kernel, int8_gemm_vnni_kernel, \
-            int8_kernels, kernel_status
-        from vllm.model_executor.layers.int8_linear import Avx2Int8Gemm, Int8Gemm, \
-            VnniInt8Gemm
+        from vllm._kernels.cpu_kernels import int8_gemm_amx_kernel, int8_gemm_avx2_kernel, \
+            int8_gemm_vnni_kernel, int8_kernels, kernel_status
+        from vllm.model_executor.layers.int8_linear import AmxInt8Gemm, Avx2Int8Gemm, \
+            Int8Gemm, VnniInt8Gemm
         path, why = self.int8_path()
         kernels = int8_kernels()
         logger.info("int8 projections: %s path (%s), per-token quantization %s", path, why,
@@ -162,6 +164,8 @@ class CpuPlatform(Platform):
             return Avx2Int8Gemm(kernels, int8_gemm_avx2_kernel())
         if path == "VNNI_FUSED":
             return VnniInt8Gemm(kernels, int8_gemm_vnni_kernel())
+        if path == "AMX_FUSED":
+            return AmxInt8Gemm(kernels, int8_gemm_amx_kernel())
         return Int8Gemm(kernels, path)
 
     def skinny_gemm(self, dtype: torch.dtype) -> Optional[Callable]:

@@ -9,15 +9,16 @@ result back to float with the row and column scales, the bias and the epilogue (
 residual add, multiply: `dequantize_rows`). Both ends are C++ (csrc/int8_linear.cpp); where
 the library is missing, torch ops compute the same thing, slower.
 
-Four paths, chosen at start-up by the CPU's features (`choose_path`, logged by the platform):
-AMX and VNNI run the GEMM on oneDNN (`torch._int_mm`); VNNI_FUSED (AVX512-VNNI without AMX,
-the default there) runs it on csrc/int8_gemm_vnni.cpp (`vpdpbusd` on x + 128, less a
-per-column compensation made at load: exact int32 sums); AVX2 (no int8 dot products, e.g.
+Five paths, chosen at start-up by the CPU's features (`choose_path`, logged by the platform):
+AMX and VNNI run the GEMM on oneDNN (`torch._int_mm`); AMX_FUSED (AMX-INT8, the default
+there) runs it on csrc/int8_gemm_amx.cpp (tdpbssd tiles: exact int32 sums); VNNI_FUSED
+(AVX512-VNNI without AMX, the default there) runs it on csrc/int8_gemm_vnni.cpp (`vpdpbusd`
+on x + 128, less a per-column compensation made at load: exact int32 sums); AVX2 (no int8 dot products, e.g.
 AMD Zen 2 / 3), where oneDNN's int8 GEMM saturates, runs it on csrc/int8_gemm_avx2.cpp
 (`vpmaddubsw` on |x| and sign(x) w, then `vpmaddwd`: exact int32 sums). Both C++ kernels
 read weights packed at load (`pack_avx2`) and fuse the dequantizing end into the same pass
 (the same C++ formula as `dequantize_rows`), so their outputs are the VNNI path's bit for
-bit. The VNNI kernel can also quantize its output rows in that pass (`hidden`,
+bit. The VNNI and AMX kernels can also quantize its output rows in that pass (`hidden`,
 `gated_hidden`: an MLP's hidden rows, handed to the down projection's `linear_add` by
 `linear.mlp_add`), the bytes `quantize_rows` would make of them.
 
@@ -84,40 +85,67 @@ def column_compensation(q: torch.Tensor, block: int = 16) -> torch.Tensor:
     return comp
 
 
-def pack_avx2(q: torch.Tensor, block: int = 16) -> torch.Tensor:
+def pack_avx2(q: torch.Tensor, block: int = 16, slack: int = 0) -> torch.Tensor:
     """q [N, K] int8 in [-127, 127] as csrc/int8_gemm_avx2.cpp reads it: blocks of `block`
     output columns, each [ceil(K / 4)][block][4] (4 consecutive k of a column side by side),
-    columns past N and k past K zero."""
+    columns past N and k past K zero. `slack`: zero bytes after it in its storage (the AMX
+    kernel's last tile may read on past the end)."""
     n, k = q.shape
     n_pad, k_pad = -(-n // block) * block, -(-k // 4) * 4
     padded = torch.zeros((n_pad, k_pad), dtype=torch.int8)
     padded[:n, :k] = q
-    return padded.view(n_pad // block, block, k_pad // 4, 4).permute(0, 2, 1, 3).contiguous()
+    packed = padded.view(n_pad // block, block, k_pad // 4, 4).permute(0, 2, 1, 3)
+    storage = torch.zeros(packed.numel() + slack, dtype=torch.int8)
+    storage[:packed.numel()].view(packed.shape).copy_(packed)
+    return storage[:packed.numel()].view(packed.shape)
 
 
 # /proc/cpuinfo flag -> name: the int8 dot products oneDNN's int8 GEMM needs to be exact
 DOT_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX-INT8"}
-PATH_CHOICES = ("auto", "avx2", "onednn", "vnni_fused")  # VLLM_CPU_INT8_PATH
+PATH_CHOICES = ("auto", "avx2", "onednn", "vnni_fused", "amx_fused")  # VLLM_CPU_INT8_PATH
 # Whether "auto" takes the fused VNNI kernel over oneDNN on AVX512-VNNI CPUs without AMX.
 # MiniLM int8 embedding of 256 texts, same-run interleaved A/B on a 2-core Zen 5 shared with
 # other jobs: at 2 threads 1.01-1.05x oneDNN's rate when the machine was quiet, 1.07-1.35x
 # under load from other processes; at 1 thread 0.97-1.0x. The sums and floats are the same.
 VNNI_FUSED_BY_DEFAULT = True
+# Whether "auto" takes the fused AMX kernel over oneDNN's AMX GEMM on AMX-INT8 CPUs
+# (benchmarks/README.md, session 19).
+AMX_FUSED_BY_DEFAULT = True
+
+
+class _Fused(NamedTuple):
+    flag: str     # the /proc/cpuinfo flag "auto" needs
+    unless: str   # a flag under which "auto" leaves it to another path ("" none)
+    default: str  # the module constant that switches "auto" to it
+    kernel: str   # how the log names it
+    isa: str
+
+
+_FUSED_PATHS = {
+    "AMX_FUSED": _Fused("amx_int8", "", "AMX_FUSED_BY_DEFAULT",
+                        "C++ AMX tdpbssd kernel", "AMX-INT8"),
+    "VNNI_FUSED": _Fused("avx512_vnni", "amx_int8", "VNNI_FUSED_BY_DEFAULT",
+                         "C++ vpdpbusd kernel", "AVX512-VNNI"),
+}
 
 
 def choose_path(flags: set[str], forced: str, onednn_exact: Callable[[], bool],
                 avx2_missing: Callable[[], Optional[str]],
-                vnni_missing: Callable[[], Optional[str]] = lambda: "not built"
+                vnni_missing: Callable[[], Optional[str]] = lambda: "not built",
+                amx_missing: Callable[[], Optional[str]] = lambda: "not built"
                 ) -> tuple[str, str]:
-    """(path, why): "AMX" or "VNNI" (oneDNN's GEMM, where the CPU has int8 dot products and
-    `torch._int_mm` is exact), "VNNI_FUSED" (the C++ AVX512-VNNI kernel; `vnni_missing()`:
-    why it cannot run, or None), else "AVX2" (the C++ kernel; `avx2_missing()` likewise).
-    `forced`: one of PATH_CHOICES. Raises ValueError where no path can run."""
+    """(path, why): "AMX_FUSED" / "VNNI_FUSED" (the C++ AMX-INT8 / AVX512-VNNI kernels;
+    `amx_missing()` / `vnni_missing()`: why one cannot run, or None), "AMX" or "VNNI"
+    (oneDNN's GEMM, where the CPU has int8 dot products and `torch._int_mm` is exact), else
+    "AVX2" (the C++ kernel; `avx2_missing()` likewise). `forced`: one of PATH_CHOICES.
+    Raises ValueError where no path can run."""
     if forced not in PATH_CHOICES:
         raise ValueError(f"VLLM_CPU_INT8_PATH={forced!r}: use one of {PATH_CHOICES}")
-    fused = _vnni_fused(flags, forced, vnni_missing)
-    if fused is not None:
-        return fused
+    missing = {"AMX_FUSED": amx_missing, "VNNI_FUSED": vnni_missing}
+    for path in _FUSED_PATHS:
+        fused = _fused(path, flags, forced, missing[path])
+        if fused is not None:
+            return fused
     dot = sorted(DOT_FLAGS[f] for f in flags & set(DOT_FLAGS))
     onednn = "AMX" if "amx_int8" in flags else "VNNI"
     if forced != "avx2":
@@ -134,32 +162,35 @@ def choose_path(flags: set[str], forced: str, onednn_exact: Callable[[], bool],
     why = "forced by VLLM_CPU_INT8_PATH=avx2" if forced == "avx2" else \
         "no int8 dot products on this CPU" if not dot else \
         "oneDNN's int8 GEMM saturates in this process (ONEDNN_MAX_CPU_ISA)"
-    missing = avx2_missing()
-    if missing is not None:
+    avx2 = avx2_missing()
+    if avx2 is not None:
         raise ValueError(
             "quantization='int8' needs int8 dot products "
             f"({', '.join(DOT_FLAGS.values())}) or AVX2 with the C++ kernels; "
             f"{'this CPU has none of the former' if not dot else why} and the AVX2 kernel "
-            f"is {missing}. Leave quantization unset to run float32.")
+            f"is {avx2}. Leave quantization unset to run float32.")
     return "AVX2", f"C++ vpmaddubsw + vpmaddwd kernel, exact int32 sums; {why}"
 
 
-def _vnni_fused(flags: set[str], forced: str, vnni_missing: Callable[[], Optional[str]]
-                ) -> Optional[tuple[str, str]]:
-    """("VNNI_FUSED", why) where VLLM_CPU_INT8_PATH=vnni_fused, or "auto" by default on an
-    AVX512-VNNI CPU without AMX-INT8 (its oneDNN GEMM is faster), and the kernel can run;
-    else None. Raises ValueError where it is forced and cannot run."""
-    wanted = forced == "vnni_fused" or (forced == "auto" and VNNI_FUSED_BY_DEFAULT and
-                                         "avx512_vnni" in flags and "amx_int8" not in flags)
-    if not wanted:
+def _fused(path: str, flags: set[str], forced: str,
+           missing: Callable[[], Optional[str]]) -> Optional[tuple[str, str]]:
+    """(path, why) for a fused C++ kernel ("AMX_FUSED" or "VNNI_FUSED") where
+    VLLM_CPU_INT8_PATH names it, or "auto" takes it by default on a CPU with its flag (the
+    VNNI kernel: not where AMX-INT8 is), and it can run; else None. Raises ValueError where
+    it is forced and cannot run."""
+    spec = _FUSED_PATHS[path]
+    by_default = forced == "auto" and globals()[spec.default] and spec.flag in flags and \
+        spec.unless not in flags
+    if forced != path.lower() and not by_default:
         return None
-    missing = vnni_missing()
-    if missing is None:
-        how = "forced by VLLM_CPU_INT8_PATH=vnni_fused" if forced != "auto" else "AVX512-VNNI"
-        return "VNNI_FUSED", f"C++ vpdpbusd kernel, dequantized in its epilogue; {how}"
-    if forced == "vnni_fused":
-        raise ValueError(f"VLLM_CPU_INT8_PATH=vnni_fused: the VNNI kernel is {missing}. Unset "
-                         "it to choose a path by the CPU's features.")
+    why = missing()
+    if why is None:
+        how = f"forced by VLLM_CPU_INT8_PATH={forced}" if forced != "auto" else spec.isa
+        return path, f"{spec.kernel}, dequantized in its epilogue; {how}"
+    if forced == path.lower():
+        raise ValueError(f"VLLM_CPU_INT8_PATH={forced}: the {path.split('_')[0]} kernel is "
+                         f"{why}. "
+                         "Unset it to choose a path by the CPU's features.")
     return None
 
 
@@ -316,6 +347,27 @@ class VnniInt8Gemm(Avx2Int8Gemm):
         1536] hidden rows, 1.5 ms per layer)."""
         out = self.gemm(q, w.packed, w.comp, w.scale.shape[0], scales, w.scale, b, mode,
                         other, quantized=keep)
+        return (out[0], out[1:]) if keep else (out, None)
+
+
+class AmxInt8Gemm(Avx2Int8Gemm):
+    """Int8Gemm with the GEMM on csrc/int8_gemm_amx.cpp (`gemm`:
+    `cpu_kernels.int8_gemm_amx_kernel()`, AMX-INT8 tiles, s8 x s8) and the dequantizing end
+    fused into it, as VnniInt8Gemm: the same int32 sums and floats as the oneDNN path. The
+    packed weight keeps `AMX_SLACK` zero bytes after it (the last tile reads on)."""
+
+    def __init__(self, kernels: Optional[tuple[Callable, Callable]], gemm: Callable) -> None:
+        super().__init__(kernels, gemm)
+        self.path = "AMX_FUSED"
+
+    def pack(self, weight: torch.Tensor) -> Avx2Weight:
+        w = quantize_weight(weight)
+        return Avx2Weight(pack_avx2(w.q, self.gemm.block, self.gemm.slack), w.scale)
+
+    def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
+                 other: Optional[torch.Tensor], keep: bool = False) -> Projected:
+        out = self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
+                        quantized=keep)
         return (out[0], out[1:]) if keep else (out, None)
 
 
