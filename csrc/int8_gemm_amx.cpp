@@ -135,6 +135,15 @@ extern "C" {
 // 1 where this build has the AMX int8 GEMM (built for a CPU with AMX-INT8), else 0.
 int vllm_int8_gemm_amx_built() { return VLLM_INT8_AMX; }
 
+// 1 where Linux lends this process AMX's tile state (kernel 5.16 or later), else 0.
+int vllm_int8_gemm_amx_permitted() {
+#if VLLM_INT8_AMX
+  return tiles_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
 // As vllm_int8_gemm_vnni without comp: out [m, n] = epilogue(a [m, k] x the packed weight),
 // q_out / q_scales likewise. The packed weight must be readable for 1 KiB past its end
 // (see the top). Returns 0; 1 where the build has no AMX-INT8; 2 where the kernel refused

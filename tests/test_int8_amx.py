@@ -168,3 +168,28 @@ def test_minilm_embeddings_equal_across_paths(minilm_dir, amx_gemm, vllm_log, mo
     embeddings, bit for bit, and the path logged."""
     assert_engine_equal_across_paths(minilm_dir, monkeypatch, "auto", "AMX_FUSED")
     assert "int8 projections: AMX_FUSED path (C++ AMX tdpbssd kernel" in vllm_log.text
+
+
+def test_kernel_withheld_where_linux_refuses_the_tiles(monkeypatch):
+    """A library whose AMX kernel cannot get the tile state from Linux: the kernel is None
+    with a status saying why, so "auto" falls back to oneDNN's path instead of failing
+    every forward."""
+    lib = cpu_kernels.library()
+    if lib is None or not hasattr(lib, "vllm_int8_gemm_amx_permitted"):
+        pytest.skip("no kernel library with the AMX kernel: "
+                    f"{cpu_kernels.kernel_status('library')}")
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def vllm_int8_gemm_amx_built(self):
+            return 1
+
+        def vllm_int8_gemm_amx_permitted(self):
+            return 0
+
+    monkeypatch.setattr(cpu_kernels, "library", lambda: Refusing())
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: set(cpu_kernels.AMX_FLAGS))
+    assert cpu_kernels.int8_gemm_amx_kernel() is None
+    assert "Linux refused" in cpu_kernels.kernel_status("int8_gemm_amx")

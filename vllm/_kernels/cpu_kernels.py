@@ -162,6 +162,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                                           _PTR, ctypes.c_int])
     if hasattr(lib, "vllm_int8_gemm_amx"):
         lib.vllm_int8_gemm_amx_built.restype = ctypes.c_int
+        lib.vllm_int8_gemm_amx_permitted.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] + [_PTR] * 4 +
                                            [_I64, ctypes.c_int, _PTR, _PTR, _PTR,
@@ -319,6 +320,10 @@ def int8_gemm_amx_kernel() -> Optional[Callable]:
     AMX-INT8 is missing."""
     kernel = _int8_gemm_kernel("int8_gemm_amx", AMX_FLAGS, "not for a CPU with AMX-INT8",
                                "AMX-INT8")
+    if kernel is not None and not library().vllm_int8_gemm_amx_permitted():
+        _status["int8_gemm_amx"] = "unavailable (Linux refused this process AMX's tile " \
+            "state: arch_prctl ARCH_REQ_XCOMP_PERM; kernels before 5.16)"
+        return None
     if kernel is not None:
         from vllm._kernels.cpu_kernel_calls import AMX_SLACK
         kernel.slack = AMX_SLACK
