@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from test_int8_vnni import _exact_reference_gemm, _exact_sums, _mismatches, \
-    assert_engine_equal_across_paths
+    assert_engine_equal_across_paths, fused_kernel_or_skip
 from vllm._kernels import cpu_kernels
 from vllm.model_executor.layers import int8_linear as i8
 
@@ -25,13 +25,7 @@ needs_amx = pytest.mark.skipif(not AMX, reason="the AMX int8 kernel needs a CPU 
 
 @pytest.fixture(scope="module")
 def amx_gemm() -> Callable:
-    kernel = cpu_kernels.int8_gemm_amx_kernel()
-    if kernel is None:
-        status = cpu_kernels.kernel_status("int8_gemm_amx")
-        if cpu_kernels.kernel_isa() != "avx512":  # e.g. the x86-64-v3 build loaded
-            pytest.skip(f"the AMX int8 kernel is {status}")
-        pytest.fail(f"an AVX-512 build on an AMX-INT8 CPU lacks the kernel: {status}")
-    return kernel
+    return fused_kernel_or_skip("int8_gemm_amx", "AMX", "AMX-INT8")
 
 
 def _run(kernel, a, w, rs, cs, bias, mode, other, **kw):

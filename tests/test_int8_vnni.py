@@ -34,15 +34,22 @@ def _exact_reference_gemm(kernels) -> "i8.Int8Gemm":
     return i8.Avx2Int8Gemm(kernels, avx2)
 
 
+def fused_kernel_or_skip(name: str, what: str, isa: str) -> Callable:
+    """cpu_kernels.`name`_kernel() on a CPU with its flags: skipped where the library
+    loaded is not an AVX-512 build (e.g. the x86-64-v3 one), a failure where it is and
+    still lacks the kernel."""
+    kernel = getattr(cpu_kernels, f"{name}_kernel")()
+    if kernel is None:
+        status = cpu_kernels.kernel_status(name)
+        if cpu_kernels.kernel_isa() != "avx512":
+            pytest.skip(f"the {what} int8 kernel is {status}")
+        pytest.fail(f"an AVX-512 build on an {isa} CPU lacks the kernel: {status}")
+    return kernel
+
+
 @pytest.fixture(scope="module")
 def vnni_gemm() -> Callable:
-    kernel = cpu_kernels.int8_gemm_vnni_kernel()
-    if kernel is None:
-        status = cpu_kernels.kernel_status("int8_gemm_vnni")
-        if cpu_kernels.kernel_isa() != "avx512":  # e.g. the x86-64-v3 build loaded
-            pytest.skip(f"the VNNI int8 kernel is {status}")
-        pytest.fail(f"an AVX-512 build on an AVX512-VNNI CPU lacks the kernel: {status}")
-    return kernel
+    return fused_kernel_or_skip("int8_gemm_vnni", "VNNI", "AVX512-VNNI")
 
 
 def _reference(acc: torch.Tensor, rs, cs, bias, mode: int, other) -> torch.Tensor:
