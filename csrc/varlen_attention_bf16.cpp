@@ -32,7 +32,10 @@
 //
 // Same interface and semantics as vllm_varlen_attention (packed offsets, key_rows into a
 // paged cache, tile_ids for shared prefixes, causal with queries the last keys); q, k, v
-// bfloat16 (uint16 bits), strides in elements; out [Tq, Hq, D] bfloat16 or float32.
+// bfloat16 (uint16 bits), or float32 (in_f32: an int8 model's float32 projections, whose
+// q and k are rounded to bf16, nearest even as torch's cast, where the kernel copies them
+// anyway: the query block and the K tile; V stays float32 in the default P*V), strides in
+// elements; out [Tq, Hq, D] bfloat16 or float32.
 #include "online_softmax.h"
 #include "simd.h"
 #include "varlen_plan.h"
@@ -213,9 +216,24 @@ struct Tiles {
 };
 
 struct Query {
-  const bf16* q;
+  const void* q;      // bf16, or float32 where f32
   int64_t row, head;  // strides
+  bool f32;
 };
+
+// 16 floats rounded to bf16 (nearest even, NaN kept), as torch's cast rounds them.
+inline void round_16(const float* x, bf16* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_bf16(_mm512_loadu_ps(x)));
+}
+
+// d elements of a bf16 or float32 row (d % 16 == 0) as bf16.
+inline void row_bf16(const void* src, bool f32, int64_t d, bf16* out) {
+  if (!f32) {
+    std::memcpy(out, src, d * sizeof(bf16));
+    return;
+  }
+  for (int64_t e = 0; e < d; e += 16) round_16(static_cast<const float*>(src) + e, out + e);
+}
 
 struct Out {
   void* out;
@@ -226,9 +244,11 @@ struct Out {
 // Copies rows [i0, i0 + rows) of one head's queries into qs, zero rows up to a multiple of 4.
 inline void load_queries(const Query& q, int64_t first, int rows, int rows4, int64_t head,
                          int d, bf16* qs) {
+  const int size = q.f32 ? 4 : 2;
   for (int r = 0; r < rows4; ++r) {
     if (r < rows)
-      std::memcpy(qs + r * d, q.q + (first + r) * q.row + head * q.head, d * sizeof(bf16));
+      row_bf16(static_cast<const char*>(q.q) + ((first + r) * q.row + head * q.head) * size,
+               q.f32, d, qs + r * d);
     else
       std::fill(qs + r * d, qs + (r + 1) * d, bf16(0));
   }
@@ -313,56 +333,88 @@ void attend_item(const Query& q, const Tiles& tiles, const Out& out, int64_t q_s
   }
 }
 
+// Where one head's K or V rows are: bf16, or float32 where f32; strides in elements.
+struct Rows {
+  const void* base;
+  int64_t row, head;
+  const int64_t* rows;  // logical key -> row (nullptr: the key itself)
+  bool f32;
+  const char* at(int64_t key, int64_t h) const {
+    return static_cast<const char*>(base) +
+           ((rows ? rows[key] : key) * row + h * head) * (f32 ? 4 : 2);
+  }
+};
+
+// 16 pairs (dims 2 e0 .. 2 e0 + 31) of a K row as 16 32-bit values, the first `pairs`
+// of them (the rest zero); a float32 row rounded to bf16 on the way.
+inline __m512 load_pairs(const char* src, bool f32, int64_t e0, int pairs) {
+  if (!f32)
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << pairs) - 1),
+                                 reinterpret_cast<const float*>(src) + e0);
+  const float* x = reinterpret_cast<const float*>(src) + 2 * e0;
+  const int n = 2 * pairs, n_lo = std::min(n, 16), n_hi = n - n_lo;
+  const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)((1u << n_lo) - 1), x);
+  const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)((1u << n_hi) - 1), x + 16);
+  return (__m512)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
 // K tile [D/2][BK][2] from keys key0 .. key0 + cols - 1 (a pair of bf16 is one 32-bit
 // value: this is a 32-bit transpose, 16 keys x 16 pairs at a time in registers), zeros past
 // cols.
-void pack_k(const bf16* k, int64_t k_row, int64_t k_head, const int64_t* rows, int64_t h,
-            int64_t key0, int64_t cols, int64_t d, bf16* dst) {
+void pack_k(const Rows& k, int64_t h, int64_t key0, int64_t cols, int64_t d, bf16* dst) {
   float* out = reinterpret_cast<float*>(dst);  // the pairs' bits, moved as floats
   for (int64_t j0 = 0; j0 < BK; j0 += 16) {
-    const float* src[16];
-    for (int i = 0; i < 16; ++i) {
-      const int64_t key = key0 + j0 + i;
-      src[i] = j0 + i < cols ? reinterpret_cast<const float*>(
-                                   k + (rows ? rows[key] : key) * k_row + h * k_head)
-                             : nullptr;
-    }
+    const char* src[16];
+    for (int i = 0; i < 16; ++i)
+      src[i] = j0 + i < cols ? k.at(key0 + j0 + i, h) : nullptr;
     for (int64_t e0 = 0; e0 < d / 2; e0 += 16) {  // d / 2 is a multiple of 8
       const int pairs = (int)std::min<int64_t>(16, d / 2 - e0);
-      const __mmask16 first = (__mmask16)((1u << pairs) - 1);
       __m512 r[16];
       for (int i = 0; i < 16; ++i)
-        r[i] = src[i] ? _mm512_maskz_loadu_ps(first, src[i] + e0) : _mm512_setzero_ps();
+        r[i] = src[i] ? load_pairs(src[i], k.f32, e0, pairs) : _mm512_setzero_ps();
       simd::transpose(r);
       for (int i = 0; i < pairs; ++i) _mm512_storeu_ps(out + (e0 + i) * BK + j0, r[i]);
     }
   }
 }
 
-// V tile [BK/2][D][2] from keys key0 .. key0 + cols - 1 (two keys' rows interleaved),
-// zeros past cols.
-void pack_v(const bf16* v, int64_t v_row, int64_t v_head, const int64_t* rows, int64_t h,
-            int64_t key0, int64_t cols, int64_t d, bf16* dst) {
-  std::fill(dst + (cols / 2) * 2 * d, dst + BK * d, bf16(0));
-  for (int64_t j = 0; j < cols; ++j) {
-    const int64_t key = key0 + j;
-    const bf16* src = v + (rows ? rows[key] : key) * v_row + h * v_head;
-    bf16* o = dst + (j / 2) * 2 * d + (j & 1);
-    for (int64_t e = 0; e < d; ++e) o[2 * e] = src[e];
+// 16 elements (from e) of a bf16 or float32 row as bf16 in the low halves of 32-bit lanes.
+inline __m512i widen_16(const char* src, bool f32, int64_t e) {
+  const __m256i h = f32 ? to_bf16(_mm512_loadu_ps(reinterpret_cast<const float*>(src) + e))
+                        : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                              reinterpret_cast<const bf16*>(src) + e));
+  return _mm512_cvtepu16_epi32(h);
+}
+
+// V tile [BK/2][D][2] from keys key0 .. key0 + cols - 1 (two keys' rows interleaved, 16
+// dims of a pair at a time), zeros past cols.
+void pack_v(const Rows& v, int64_t h, int64_t key0, int64_t cols, int64_t d, bf16* dst) {
+  std::fill(dst + (cols + 1) / 2 * 2 * d, dst + BK * d, bf16(0));
+  for (int64_t j = 0; j < cols; j += 2) {
+    const char* a = v.at(key0 + j, h);
+    const char* b = j + 1 < cols ? v.at(key0 + j + 1, h) : nullptr;
+    bf16* o = dst + j * d;  // pair j / 2
+    for (int64_t e = 0; e < d; e += 16) {
+      __m512i pairs = widen_16(a, v.f32, e);
+      if (b) pairs = _mm512_or_si512(pairs, _mm512_slli_epi32(widen_16(b, v.f32, e), 16));
+      _mm512_storeu_si512(o + 2 * e, pairs);
+    }
   }
 }
 
-// V tile as float32 [BK][D] from keys key0 .. key0 + cols - 1 (bf16 widens exactly),
-// zeros past cols.
-void pack_v_f32(const bf16* v, int64_t v_row, int64_t v_head, const int64_t* rows, int64_t h,
-                int64_t key0, int64_t cols, int64_t d, float* dst) {
+// V tile as float32 [BK][D] from keys key0 .. key0 + cols - 1 (bf16 widens exactly; float32
+// is copied), zeros past cols.
+void pack_v_f32(const Rows& v, int64_t h, int64_t key0, int64_t cols, int64_t d, float* dst) {
   std::fill(dst + cols * d, dst + BK * d, 0.0f);
   for (int64_t j = 0; j < cols; ++j) {
-    const int64_t key = key0 + j;
-    const bf16* src = v + (rows ? rows[key] : key) * v_row + h * v_head;
+    const char* src = v.at(key0 + j, h);
+    if (v.f32) {
+      std::memcpy(dst + j * d, src, d * sizeof(float));
+      continue;
+    }
     for (int64_t e = 0; e < d; e += 16)
       _mm512_storeu_ps(dst + j * d + e, from_bf16(_mm256_loadu_si256(
-                                            reinterpret_cast<const __m256i*>(src + e))));
+                                            reinterpret_cast<const __m256i*>(src) + e / 16)));
   }
 }
 
@@ -375,14 +427,15 @@ extern "C" {
 // AVX512-BF16), else 0.
 int vllm_varlen_attention_bf16_built() { return VLLM_ATTN_BF16; }
 
-// As vllm_varlen_attention, on bfloat16 q/k/v (their bits as uint16); out is bfloat16
-// where out_bf16, else float32. bf16_pv: P*V with vdpbf16ps on P rounded to bf16, else
+// As vllm_varlen_attention, on bfloat16 q/k/v (their bits as uint16), or float32 ones
+// where in_f32 (q and k rounded to bf16 as the kernel copies them); out is bfloat16 where
+// out_bf16, else float32. bf16_pv: P*V with vdpbf16ps on P rounded to bf16, else
 // with float32 FMAs on float32 P (see the top of the file for why that is the default).
 // Returns 0, or 1 with a message in err[0:err_len].
-int vllm_varlen_attention_bf16(const uint16_t* q, int64_t q_row, int64_t q_head,
-                               const uint16_t* k, int64_t k_row, int64_t k_head,
-                               const uint16_t* v, int64_t v_row, int64_t v_head, void* out,
-                               int out_bf16, int bf16_pv, int64_t hq, int64_t hkv, int64_t d,
+int vllm_varlen_attention_bf16(const void* q, int64_t q_row, int64_t q_head,
+                               const void* k, int64_t k_row, int64_t k_head,
+                               const void* v, int64_t v_row, int64_t v_head, void* out,
+                               int out_bf16, int bf16_pv, int in_f32, int64_t hq, int64_t hkv, int64_t d,
                                const int64_t* qoff, const int64_t* koff, int64_t b,
                                const int64_t* rows, int64_t n_rows, const int64_t* tile_of,
                                int64_t n_tile_ids, float scale, int causal, int threads,
@@ -402,18 +455,18 @@ int vllm_varlen_attention_bf16(const uint16_t* q, int64_t q_row, int64_t q_head,
   const int64_t n = std::max<int64_t>(hkv * distinct * tile_size, 1);
   std::unique_ptr<bf16[]> kt(new bf16[n]);
   std::unique_ptr<float[]> vt(new float[n]);  // room for either V layout
+  const Rows ks{k, k_row, k_head, rows, in_f32 != 0}, vs{v, v_row, v_head, rows, in_f32 != 0};
   varlen::for_each_tile(plan, koff, hkv, threads, [&](int64_t c, int64_t h, int64_t key0,
                                                       int64_t cols) {
-    pack_k(k, k_row, k_head, rows, h, key0, cols, d, kt.get() + c * tile_size);
+    pack_k(ks, h, key0, cols, d, kt.get() + c * tile_size);
     if (bf16_pv)
-      pack_v(v, v_row, v_head, rows, h, key0, cols, d,
-             reinterpret_cast<bf16*>(vt.get()) + c * tile_size);
+      pack_v(vs, h, key0, cols, d, reinterpret_cast<bf16*>(vt.get()) + c * tile_size);
     else
-      pack_v_f32(v, v_row, v_head, rows, h, key0, cols, d, vt.get() + c * tile_size);
+      pack_v_f32(vs, h, key0, cols, d, vt.get() + c * tile_size);
   });
 
   const int64_t group = hq / hkv;
-  const Query qq{q, q_row, q_head};
+  const Query qq{q, q_row, q_head, in_f32 != 0};
   const Out o{out, out_bf16 != 0, hq * d};
   varlen::for_each_item<Scratch>(qoff, koff, b, hq, threads, [&](int64_t seq, int64_t h,
                                                                  Scratch& sc) {

@@ -128,11 +128,44 @@ def test_keys_through_slots_of_a_bf16_cache_with_shared_tiles(kernel):
         _assert_close(got, _reference(q, k, v, nqs, nks, True, 0.2), v, torch.float32, bf16_pv)
 
 
+@pytest.mark.parametrize("head_dim", [32, 48, 128])
+def test_float32_inputs_are_rounded_where_the_kernel_copies_them(kernel, head_dim):
+    """float32 q/k/v (an int8 model's): with bf16_pv the kernel rounds all three to bf16,
+    so it equals itself on their casts bit for bit; without, V stays float32 and only the
+    scores see bf16 q and k, so it matches float64 on (q, k rounded, v) to the float32
+    kernel's error. Also through slots of a float32 cache (key_rows)."""
+    lengths = [1, 9, 64, 65, 200]
+    g = torch.Generator().manual_seed(head_dim)
+    t, hq, hkv = sum(lengths), 4, 2
+    qkv = torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g) * 2
+    q, k, v = (x.view(t, -1, head_dim) for x in qkv.split(
+        [hq * head_dim, hkv * head_dim, hkv * head_dim], dim=-1))
+    off, scale = torch.tensor(np.cumsum([0] + lengths)), head_dim ** -0.5
+    cast = [x.bfloat16() for x in (q, k, v)]
+    for causal in (False, True):
+        got = kernel(q, k, v, off, off, NONE, NONE, scale, causal, torch.float32, True)
+        assert torch.equal(got, kernel(*cast, off, off, NONE, NONE, scale, causal,
+                                       torch.float32, True))
+        got = kernel(q, k, v, off, off, NONE, NONE, scale, causal, torch.float32)
+        want = _reference(cast[0].float(), cast[1].float(), v, lengths, lengths, causal, scale)
+        _assert_close(got, want, v, torch.float32, False)
+    slots = torch.randperm(2 * t, generator=g)[:t]
+    cache_k, cache_v = torch.zeros(2 * t, hkv, head_dim), torch.zeros(2 * t, hkv, head_dim)
+    cache_k[slots], cache_v[slots] = k, v
+    for bf16_pv in (False, True):
+        assert torch.equal(
+            kernel(q, cache_k, cache_v, off, off, slots, NONE, scale, True, torch.float32,
+                   bf16_pv),
+            kernel(q, k, v, off, off, NONE, NONE, scale, True, torch.float32, bf16_pv))
+
+
 def test_refuses_what_it_cannot_do(kernel):
     x = torch.randn(4, 2, 32)
     off = torch.tensor([0, 4])
-    with pytest.raises(RuntimeError, match="bfloat16 q, k, v only"):
-        kernel(x, x, x, off, off, NONE, NONE, 1.0, False)
+    with pytest.raises(RuntimeError, match="all bfloat16 or all float32"):
+        kernel(x, x.bfloat16(), x, off, off, NONE, NONE, 1.0, False)
+    with pytest.raises(RuntimeError, match="all bfloat16 or all float32"):
+        kernel(x.half(), x.half(), x.half(), off, off, NONE, NONE, 1.0, False)
     y = torch.randn(4, 2, 24).bfloat16()
     with pytest.raises(RuntimeError, match="multiple of 16"):
         kernel(y, y, y, off, off, NONE, NONE, 1.0, False)
@@ -166,6 +199,34 @@ def test_minilm_bf16_embeddings_within_cosine_9999_of_float32(minilm_dir, monkey
     assert calls, "CPU_NATIVE did not run the bfloat16 kernel"
     fp32 = [o.outputs.embedding for o in LLM(minilm_dir, dtype="float32").embed(texts)]
     assert _cosines(bf16, fp32).min() >= 0.9999
+
+
+def test_int8_models_run_attention_in_bf16(minilm_dir, shared_llm, monkeypatch, vllm_log):
+    """quantization="int8" on a CPU with AVX512-BF16: attention on the bf16 kernel (logged;
+    VLLM_CPU_INT8_BF16_ATTENTION=0 keeps the float32 kernel), as close to float32 as int8
+    with float32 attention. (The two int8 runs are only ~0.995 apart: any change of an
+    activation moves the rows' int8 rounding, so each is another draw of the int8 noise; the
+    float32 model with bf16 attention stays within 1e-5 of itself.)"""
+    from vllm import LLM
+    from vllm.model_executor.layers.attention import Attention
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+    rng = np.random.default_rng(2)
+    texts = [" ".join(rng.choice(words, n)) for n in (3, 17, 40, 90, 160, 200)] * 2
+    fp32 = [o.outputs.embedding for o in shared_llm(minilm_dir).embed(texts, use_tqdm=False)]
+    cos = {}
+    for on in (True, False):
+        monkeypatch.setenv("VLLM_CPU_INT8_BF16_ATTENTION", "1" if on else "0")
+        llm = LLM(minilm_dir, quantization="int8")
+        layers = [m for m in llm.llm_engine.runner.model.modules() if isinstance(m, Attention)]
+        assert len(layers) == 6 and all(m.bf16_ok == m.bf16_pv == on for m in layers)
+        calls = _counting(monkeypatch)
+        cos[on] = _cosines([o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)],
+                           fp32)
+        assert bool(calls) == on
+    assert "int8 attention: bfloat16 q/k/v" in vllm_log.text
+    assert "int8 attention: float32 (VLLM_CPU_INT8_BF16_ATTENTION=0)" in vllm_log.text
+    assert cos[True].min() >= 0.99 and cos[True].mean() >= cos[False].mean() - 1e-3, cos
 
 
 def test_qwen3_bf16_prefix_cached_pass_equals_the_first(qwen3_embed_dir, monkeypatch):

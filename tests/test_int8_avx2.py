@@ -175,12 +175,16 @@ def test_path_refused_where_none_can_run(flags, forced, exact, match):
 @pytest.fixture(scope="module")
 def minilm_embeddings(minilm_dir, shared_llm) -> dict[str, np.ndarray]:
     """This process's float32 MiniLM embeddings and, where oneDNN's int8 GEMM is exact
-    here (a VNNI / AMX CPU), the VNNI path's."""
+    here (a VNNI / AMX CPU), the VNNI path's, with float32 attention as an AVX2-only CPU
+    runs it (VLLM_CPU_INT8_BF16_ATTENTION=0: any change of an activation redraws the int8
+    rounding, so only the GEMM path may differ between the runs compared)."""
     from vllm import LLM
     embed = lambda llm: np.array([o.outputs.embedding for o in llm.embed(TEXTS)])  # noqa
     out = {"float32": embed(shared_llm(minilm_dir))}
     if cpu_kernels.cpu_flags() & set(i8.DOT_FLAGS) and i8.int8_gemm_exact():
-        llm = LLM(minilm_dir, quantization="int8")
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("VLLM_CPU_INT8_BF16_ATTENTION", "0")
+            llm = LLM(minilm_dir, quantization="int8")
         assert _gemm_paths(llm) <= {"VNNI", "VNNI_FUSED", "AMX", "AMX_FUSED"}
         out["vnni"] = embed(llm)
     return out
@@ -199,6 +203,7 @@ def test_minilm_forced_avx2_path_in_this_process(minilm_dir, minilm_embeddings, 
                                                   monkeypatch):
     from vllm import LLM
     monkeypatch.setenv("VLLM_CPU_INT8_PATH", "avx2")
+    monkeypatch.setenv("VLLM_CPU_INT8_BF16_ATTENTION", "0")  # as the reference's
     llm = LLM(minilm_dir, quantization="int8")
     assert "int8 projections: AVX2 path (C++ vpmaddubsw + vpmaddwd kernel" in vllm_log.text
     assert "forced by VLLM_CPU_INT8_PATH=avx2" in vllm_log.text

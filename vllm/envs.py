@@ -78,6 +78,10 @@ environment_variables: dict[str, EnvVar] = {
                                  "AVX-VNNI, else the C++ AVX2 kernel), amx_fused / "
                                  "vnni_fused (force the AMX / VNNI kernel), avx2 "
                                  "(force the AVX2 kernel) or onednn (oneDNN only)."),
+    "VLLM_CPU_INT8_BF16_ATTENTION": EnvVar("1", _flag, "0: quantization='int8' models keep "
+                                           "float32 attention on CPUs with AVX512-BF16 "
+                                           "(default: q, k, v and the softmax weights in "
+                                           "bfloat16, float32 sums)."),
     "VLLM_CPU_MALLOC_TUNING": EnvVar("1", _flag, "0: leave glibc's malloc thresholds and "
                                      "arenas alone."),
     "XDG_CACHE_HOME": EnvVar(None, _str, "Where VLLM_CPU_KERNELS_JIT builds the C++ kernels "

@@ -74,9 +74,12 @@ def varlen_attention_bf16(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v:
                           bf16_pv: bool = False) -> torch.Tensor:
     """`varlen_attention` on bfloat16 q/k/v, Q*K^T with vdpbf16ps, softmax and sums in
     float32, P*V in float32 (bf16_pv: on P rounded to bfloat16, with vdpbf16ps; less exact)
-    (csrc/varlen_attention_bf16.cpp): out [Tq, Hq, D] in out_dtype (bfloat16 or float32)."""
-    _check(all(x.dtype == torch.bfloat16 for x in (q, k, v)),
-           "varlen_attention_bf16: bfloat16 q, k, v only")
+    (csrc/varlen_attention_bf16.cpp): out [Tq, Hq, D] in out_dtype (bfloat16 or float32).
+    float32 q/k/v are read as they are: q and k rounded to bfloat16 where the kernel copies
+    them (the same scores as casting them first), V kept float32 unless bf16_pv."""
+    _check(all(x.dtype == q.dtype for x in (k, v)) and q.dtype in (torch.bfloat16,
+                                                                  torch.float32),
+           "varlen_attention_bf16: q, k, v all bfloat16 or all float32")
     _check(out_dtype in (torch.bfloat16, torch.float32),
            "varlen_attention_bf16: out_dtype must be bfloat16 or float32")
     args, shape, _keep = _attention_args(q, k, v, q_offsets, k_offsets, key_rows, tile_ids,
@@ -84,7 +87,8 @@ def varlen_attention_bf16(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v:
     out = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=out_dtype)
     err = ctypes.create_string_buffer(200)
     if lib.vllm_varlen_attention_bf16(*args, out.data_ptr(), int(out_dtype == torch.bfloat16),
-                                      int(bf16_pv), *shape, scale, int(causal), torch.get_num_threads(), err,
+                                      int(bf16_pv), int(q.dtype == torch.float32), *shape,
+                                      scale, int(causal), torch.get_num_threads(), err,
                                       len(err)):
         raise RuntimeError(err.value.decode())
     return out

@@ -150,7 +150,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_varlen_attention_bf16_built.restype = ctypes.c_int
         lib.vllm_varlen_attention_bf16.restype = ctypes.c_int
         lib.vllm_varlen_attention_bf16.argtypes = (
-            [_PTR, _I64, _I64] * 3 + [_PTR, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64,
+            [_PTR, _I64, _I64] * 3 + [_PTR, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      _I64, _I64, _I64,
                                       _PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64,
                                       ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_char_p, _I64])

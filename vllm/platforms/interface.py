@@ -78,6 +78,10 @@ class Platform:
         """The GEMM for `quantization="int8"` projections (after `check_quantization`)."""
         raise NotImplementedError
 
+    def int8_bf16_attention(self, backend: str) -> bool:
+        """Whether an int8 model's attention on `backend` runs on bfloat16 q/k/v (and P)."""
+        return False
+
     # ----- process ----------------------------------------------------------------------
     def prepare(self, dtype: torch.dtype) -> None:
         """Once per process and dtype, before the model is built: process settings and the

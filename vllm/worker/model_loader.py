@@ -108,8 +108,8 @@ def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype,
     count = 0
     if quantization == "int8":
         count = bind_linear(model.model, platform.int8_gemm())
-        logger.info("Linear layers: %d backbone projections in int8; heads, embeddings, "
-                    "norms and attention in float32.", count)
+        logger.info("Linear layers: %d backbone projections in int8; heads, embeddings "
+                    "and norms in float32.", count)
     gemm = GEMMS[platform.linear_impl(dtype)]
     packed = bind_linear(model, gemm, platform.skinny_gemm(dtype)) - count  # int8 kept
     if packed:
@@ -121,6 +121,11 @@ def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype,
     head_dims = [m.head_dim for m in model.modules() if isinstance(m, Attention)]
     model.attention_backend = platform.attention_backend(dtype, head_dims, cache_readers)
     bind_attention(model, get_backend(model.attention_backend))
+    if quantization == "int8" and head_dims and \
+            platform.int8_bf16_attention(model.attention_backend):
+        for layer in model.modules():
+            if isinstance(layer, Attention):
+                layer.bf16_ok = layer.bf16_pv = True
 
 
 def _names_only(mc: ModelConfig):

@@ -8,9 +8,10 @@ bfloat16 kernel (csrc/varlen_attention_bf16.cpp: Q*K^T on vdpbf16ps, softmax and
 float32) where the CPU and build have AVX512-BF16, on q/k/v and its bfloat16 cache as they
 are; elsewhere the float32 kernel on float32 copies of the new rows, and a bfloat16 cache,
 which that kernel cannot read, sends the readers to TORCH_SDPA's path. A float32 model
-whose layers opt in (`layer.bf16_ok`, off by default) runs its new rows on the bfloat16
-kernel too, q/k/v cast once, float32 out; its float32 cache's readers stay on the float32
-kernel.
+whose layers say so (`layer.bf16_ok`: int8 models where the CPU has AVX512-BF16, set by
+`bind_ops`) runs the bfloat16 kernel on its float32 q/k/v (rounded where the kernel copies
+them; `layer.bf16_pv`: V and the weights too), float32 out, and its float32 cache's readers
+on the same kernel, so a cache hit repeats the first answer.
 """
 from __future__ import annotations
 
@@ -66,20 +67,21 @@ class CpuNativeBackend(TorchSdpaBackend):
         if s > 0 and cache.dtype != torch.float32 and bf16 is None:
             return super().forward(layer, q, k, v, meta)  # readers of a bfloat16 cache
         new = None
+        pv = getattr(layer, "bf16_pv", False)
         if s < t:
             off, qkv = data.packed_offsets, (q[s:], k[s:], v[s:])
-            if bf16 is not None:  # the model's bfloat16 as it is, or one cast (int8 models)
-                new = bf16(*(x.to(torch.bfloat16) for x in qkv), off, off, _NONE, _NONE,
-                           layer.scale, meta.causal, q.dtype)
+            if bf16 is not None:  # bfloat16 or float32 q/k/v, as they are
+                new = bf16(*qkv, off, off, _NONE, _NONE, layer.scale, meta.causal, q.dtype,
+                           bf16_pv=pv)
             else:
                 new = f32(*(x.float() for x in qkv), off, off, _NONE, _NONE, layer.scale,
                           meta.causal).to(q.dtype)
             if s == 0:
                 return new
         q_off, k_off, slots, tiles = data.readers
-        if cache.dtype == torch.bfloat16:  # bf16 is not None here
-            readers = bf16(q[:s].to(torch.bfloat16), cache[0], cache[1], q_off, k_off, slots,
-                           tiles, layer.scale, meta.causal, q.dtype)
+        if bf16 is not None:  # the new rows' kernel, on a cache of the model's dtype
+            readers = bf16(q[:s].to(cache.dtype), cache[0], cache[1], q_off, k_off, slots,
+                           tiles, layer.scale, meta.causal, q.dtype, bf16_pv=pv)
         else:
             readers = f32(q[:s], cache[0], cache[1], q_off, k_off, slots, tiles, layer.scale,
                           meta.causal)

@@ -41,12 +41,12 @@ class Attention(nn.Module):
         # [2, num_slots, num_kv_heads, head_dim], bound by the model runner (None: no cache).
         self.kv_cache: Optional[torch.Tensor] = None
         self.backend: AttentionBackend = get_backend("TORCH_SDPA")
-        # Opt-in (nothing in the engine sets it; benchmarks/bench_int8.py measures it): a
-        # float32 model's new rows may run attention on bfloat16 q/k/v, CPU_NATIVE's
-        # AVX512-BF16 kernel. Off for int8 models: +2.5-7.6% on MiniLM, but it moved a tiny
-        # Qwen3 classifier's probabilities past the int8 tests' 0.02 and its float32 cache's
-        # readers stay on the float32 kernel, so cache hits would not repeat the answers.
+        # A float32 layer's attention may run on CPU_NATIVE's AVX512-BF16 kernel, q and k
+        # (bf16_pv: and v and the softmax weights) rounded to bfloat16 as the kernel copies
+        # them, its cache's readers too. Set for int8 models by `bind_ops` where the
+        # platform says so (`Platform.int8_bf16_attention`).
         self.bf16_ok = False
+        self.bf16_pv = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

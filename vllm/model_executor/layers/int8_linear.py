@@ -24,7 +24,9 @@ bit. The VNNI and AMX kernels can also quantize its output rows in that pass (`h
 
 Only the backbone's `Linear` layers run in int8 (the model loader binds them); embeddings,
 norms, attention (QK^T, softmax, PV), the pooler and every task head stay float: they are
-a small share of the FLOPs, and the heads sit where an error is not averaged away.
+a small share of the FLOPs, and the heads sit where an error is not averaged away. (Where
+the CPU has AVX512-BF16, attention rounds q, k, v and its weights to bfloat16:
+`Platform.int8_bf16_attention`.)
 """
 from __future__ import annotations
 
