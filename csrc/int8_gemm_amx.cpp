@@ -162,6 +162,7 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const int64_t blocks = (n + kBlock - 1) / kBlock, wstride = kp * kBlock;
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
+  const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,
                             [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
     thread_local std::vector<int8_t> u;
@@ -180,11 +181,11 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
       }
     }
     const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
-    int8_gemm::finish_rows(sums.data(), ld, r0, r1, b0 * kBlock, cols, dq, out, n, q_out,
-                           q_scales, task_blocks >= blocks);
+    int8_gemm::finish_rows(sums.data(), ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n,
+                           q_out, q_scales, task_blocks >= blocks);
   });
   if (q_out && task_blocks < blocks)  // rows split between tasks: a pass of its own
-    int8_gemm::quantize_all(out, m, n, q_out, q_scales, threads);
+    int8_gemm::quantize_all(floats.out, m, n, q_out, q_scales, threads);
   return 0;
 #endif
 }

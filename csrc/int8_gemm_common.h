@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace int8_gemm {
 
@@ -39,16 +40,34 @@ inline void store_row(const int32_t* sums, int64_t m, int64_t c0, int cols,
 
 // The end of a task: rows [r0, r1) of its int32 sums (row stride ld, columns from c0) back
 // to float in out (row stride n); with q_out and whole rows (the task has every column),
-// each row quantized for the next projection while it is in L1.
+// each row quantized for the next projection while it is in L1. out null (whole rows and
+// q_out only, see `Floats`): each row's floats live only in a per-thread row, so an MLP's
+// hidden rows that only the down projection reads, quantized, never go to memory.
 inline void finish_rows(const int32_t* sums, int64_t ld, int64_t r0, int64_t r1, int64_t c0,
                         int cols, const Dequantize& dq, float* out, int64_t n,
                         int8_t* q_out, float* q_scales, bool whole_rows) {
+  thread_local std::vector<float> kept;
+  if (!out) kept.resize(n);
   for (int64_t r = r0; r < r1; ++r) {
-    store_row(sums + (r - r0) * ld, r, c0, cols, dq, out, n);
-    if (q_out && whole_rows)
-      int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
+    float* row = out ? out + r * n : kept.data();
+    store_row(sums + (r - r0) * ld, r, c0, cols, dq, row, 0);
+    if (q_out && whole_rows) int8_dequantize::quantize_row(row, n, q_out + r * n, q_scales + r);
   }
 }
+
+// Where a GEMM's floats go: the caller's out, or where that is null (the caller wants only
+// q_out) nowhere when every task has whole rows, else a temporary [m, n] that
+// quantize_all reads after the tasks.
+struct Floats {
+  std::vector<float> temp;
+  float* out;
+  Floats(float* given, int64_t m, int64_t n, bool whole_rows) : out(given) {
+    if (!given && !whole_rows) {
+      temp.resize(m * n);
+      out = temp.data();
+    }
+  }
+};
 
 // out's m rows quantized in a pass of their own (the tasks split rows between them).
 inline void quantize_all(const float* out, int64_t m, int64_t n, int8_t* q_out,

@@ -191,7 +191,8 @@ int vllm_int8_gemm_vnni_built() { return VLLM_INT8_VNNI; }
 // dequantized as int8_dequantize.h with row_scales [m], col_scales [n], bias [n] or null,
 // other [m, n] (row stride other_row, modes 1, 2) or null. q_out [m, n] int8 and q_scales
 // [m], or both null: out's rows quantized as vllm_quantize_rows would (the next projection's
-// input, without another pass over out). Returns 0, or 1 where the build has no AVX512-VNNI.
+// input, without another pass over out); out may then be null (only q_out is made: the
+// floats are not written). Returns 0, or 1 where the build has no AVX512-VNNI.
 int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                         const int8_t* w_packed, const int32_t* comp, int64_t n,
                         const float* row_scales, const float* col_scales, const float* bias,
@@ -205,6 +206,7 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const Operands op{w_packed, comp, kp};
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
+  const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,
                             [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
     // the task's rows shifted to u8 and its int32 sums: buffers in L1 / L2, reused
@@ -218,11 +220,11 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
     // whole rows of the task's columns back to float: out and other stream in order; a
     // task of whole rows quantizes each one while it is in L1
     const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
-    int8_gemm::finish_rows(p.sums, p.ld, r0, r1, b0 * kBlock, cols, dq, out, n, q_out,
-                           q_scales, task_blocks >= blocks);
+    int8_gemm::finish_rows(p.sums, p.ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n,
+                           q_out, q_scales, task_blocks >= blocks);
   });
   if (q_out && task_blocks < blocks)  // rows split between tasks: a pass of its own
-    int8_gemm::quantize_all(out, m, n, q_out, q_scales, threads);
+    int8_gemm::quantize_all(floats.out, m, n, q_out, q_scales, threads);
   return 0;
 #endif
 }

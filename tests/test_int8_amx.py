@@ -65,7 +65,8 @@ def test_kernel_sums_exact_at_the_int8_edges(amx_gemm):
 @needs_amx
 def test_kernel_quantized_output_is_quantize_rows_of_its_floats(amx_gemm):
     """`quantized=True`: the output's rows as `quantize_rows` makes them, in the GEMM's
-    pass (whole-row tasks) or after it (few rows: the columns split between tasks)."""
+    pass (whole-row tasks) or after it (few rows: the columns split between tasks); with
+    `floats=False` the same bytes and no floats."""
     quantize, _ = cpu_kernels.int8_kernels()
     g = torch.Generator().manual_seed(2)
     for m, k, n, mode in [(400, 100, 75, 3), (5, 64, 1000, 0), (1, 37, 21, 1),
@@ -79,6 +80,10 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(amx_gemm):
         out, q, s = _run(amx_gemm, a, w, rs, cs, bias, mode, other, quantized=True)
         want_q, want_s = quantize(out)
         assert torch.equal(q, want_q) and torch.equal(s, want_s), (m, k, n, mode)
+        none, q2, s2 = _run(amx_gemm, a, w, rs, cs, bias, mode, other, quantized=True,
+                            floats=False)
+        assert torch.equal(q2, q) and torch.equal(s2, s)
+        assert none.shape == (m, n) and none.untyped_storage().nbytes() == 4 * n
 
 
 @needs_amx

@@ -108,7 +108,8 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(vnni_gemm):
     """`quantized=True` also returns the output's rows quantized, the bytes and scales
     `quantize_rows` makes of the floats: tasks of whole rows (400 rows: 9 panels of 48)
     quantize in the GEMM's pass, tasks that split the columns (few rows) in a pass after
-    it; with an activation, a residual, a row of zeros (scale 0) and K past one chunk."""
+    it; with an activation, a residual, a row of zeros (scale 0) and K past one chunk.
+    `floats=False`: the same bytes, no floats (a zero-stride stand-in of their shape)."""
     quantize, _ = cpu_kernels.int8_kernels()
     g = torch.Generator().manual_seed(2)
     for m, k, n, mode in [(400, 100, 75, 3), (5, 64, 1000, 0), (1, 37, 21, 1),
@@ -125,14 +126,19 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(vnni_gemm):
         assert torch.equal(q, want_q) and torch.equal(s, want_s), (m, k, n, mode)
         if mode == 0:
             assert s[0] == 0 and not q[0].any()
+        none, q2, s2 = vnni_gemm(a, i8.pack_avx2(w), i8.column_compensation(w), n, rs, cs,
+                                 bias, mode, other, quantized=True, floats=False)
+        assert torch.equal(q2, q) and torch.equal(s2, s), (m, k, n, mode)
+        assert none.shape == (m, n) and not none.any()
+        assert none.untyped_storage().nbytes() == 4 * n  # one row of zeros, expanded
 
 
 @needs_vnni
 def test_mlp_hands_its_hidden_rows_over_quantized(vnni_gemm, monkeypatch):
     """`mlp_add(up, down, x, residual)` on Linear layers bound to the VNNI path: the same
     floats as `down.forward_add(up(x), residual)`, with one quantizing pass fewer (the up
-    GEMM quantized its rows); the gated form likewise; a down layer under no int8 GEMM
-    ignores the handed-over rows."""
+    GEMM quantized its rows) and no float hidden rows made (a zero-stride stand-in of their
+    shape); the gated form likewise; a down layer under no int8 GEMM refuses them."""
     from vllm.model_executor.layers.linear import GatedLinear, Linear, mlp_add
     kernels = cpu_kernels.int8_kernels()
     gemm = i8.VnniInt8Gemm(kernels, vnni_gemm)
@@ -151,11 +157,11 @@ def test_mlp_hands_its_hidden_rows_over_quantized(vnni_gemm, monkeypatch):
         passes.clear()
         got = mlp_add(up, down, x, residual)
         assert torch.equal(got, want) and len(passes) == separate - 1, (type(up), passes)
-    plain_down = Linear(200, 64)
-    hidden, quantized = up.forward_hidden(x)
-    assert quantized is not None
-    assert torch.equal(plain_down.forward_add(hidden, residual, quantized),
-                       plain_down.forward_add(hidden, residual))
+        hidden, quantized = up.forward_hidden(x)
+        assert quantized is not None and hidden.shape == (70, 200)
+        assert hidden.stride() == (0, 1) and not hidden.any()  # no floats were written
+    with pytest.raises(AssertionError, match="int8 GEMM"):
+        Linear(200, 64).forward_add(hidden, residual, quantized)
 
 
 @needs_vnni

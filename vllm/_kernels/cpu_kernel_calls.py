@@ -188,10 +188,11 @@ def dequantize_rows(lib: ctypes.CDLL, acc: torch.Tensor, row_scales: torch.Tenso
 
 def _packed_gemm_args(q: torch.Tensor, packed: torch.Tensor, n: int, block: int,
                       row_scales: torch.Tensor, col_scales: torch.Tensor,
-                      bias: Optional[torch.Tensor], other: Optional[torch.Tensor]) -> tuple:
+                      bias: Optional[torch.Tensor], other: Optional[torch.Tensor],
+                      floats: bool = True) -> tuple:
     """The checked operands of a fused int8 GEMM over a packed weight
-    ([ceil(n / block), ceil(K / 4), block, 4]) and its output: (m, k, out float32 [m, n],
-    the pointers of bias and other and other's row stride)."""
+    ([ceil(n / block), ceil(K / 4), block, 4]) and its output: (m, k, out float32 [m, n]
+    (empty where not `floats`), the pointers of bias and other and other's row stride)."""
     _check(q.dtype == torch.int8 and q.dim() == 2 and q.stride(1) == 1,
            f"q must be int8 [M, K] with unit column stride; got {q.dtype} {tuple(q.shape)}")
     m, k = q.shape
@@ -202,7 +203,7 @@ def _packed_gemm_args(q: torch.Tensor, packed: torch.Tensor, n: int, block: int,
            and col_scales.numel() == n and row_scales.is_contiguous() and
            col_scales.is_contiguous(), f"scales must be contiguous float32 [{m}] and [{n}]")
     _check_epilogue(bias, other, m, n)
-    return (m, k, torch.empty((m, n), dtype=torch.float32),
+    return (m, k, torch.empty((m, n) if floats else (0,), dtype=torch.float32),
             0 if bias is None else bias.data_ptr(), 0 if other is None else other.data_ptr(),
             0 if other is None else other.stride(0))
 
@@ -224,28 +225,48 @@ def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: i
     return out
 
 
+def _quantized_out(m: int, n: int, quantized: bool, floats: bool, out: torch.Tensor):
+    """(q_out, q_scales, out pointer) of a fused GEMM asked for its quantized rows; out is
+    not written where `floats` is False (only q_out is wanted)."""
+    _check(floats or quantized, "floats=False needs quantized=True")
+    q_out = torch.empty((m, n), dtype=torch.int8) if quantized else None
+    q_scales = torch.empty(m, dtype=torch.float32) if quantized else None
+    return q_out, q_scales, out.data_ptr() if floats else 0
+
+
+def _results(out: torch.Tensor, q_out, q_scales, floats: bool):
+    """out, or (out, q_out, q_scales); out is a zero-stride [m, n] view of zeros (its shape
+    only) where the floats were not written."""
+    if q_out is None:
+        return out
+    m, n = q_out.shape
+    return (out if floats else out.new_zeros(n).expand(m, n)), q_out, q_scales
+
+
 def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
                    comp: torch.Tensor, n: int, row_scales: torch.Tensor,
                    col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
-                   other: Optional[torch.Tensor] = None, quantized: bool = False):
+                   other: Optional[torch.Tensor] = None, quantized: bool = False,
+                   floats: bool = True):
     """As `int8_gemm_avx2` on csrc/int8_gemm_vnni.cpp (AVX512-VNNI): the same packed
     weight, plus comp int32 [ceil(n / 16) * 16], 128 times each column's weight sum.
     `quantized`: (out, q_out [M, n] int8, scales [M]), out's rows as `quantize_rows`
-    gives them, made in the same pass."""
+    gives them, made in the same pass; `floats=False` (with `quantized`): out is not
+    written (see `_results`), only the quantized rows are made."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
-        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
+        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
+        floats)
     _check(comp.dtype == torch.int32 and comp.is_contiguous() and
            comp.numel() == packed.shape[0] * 16, "comp must be contiguous int32 "
            f"[{packed.shape[0] * 16}]")
-    q_out = torch.empty((m, n), dtype=torch.int8) if quantized else None
-    q_scales = torch.empty(m, dtype=torch.float32) if quantized else None
+    q_out, q_scales, out_ptr = _quantized_out(m, n, quantized, floats, out)
     _check(lib.vllm_int8_gemm_vnni(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), comp.data_ptr(), n,
         row_scales.data_ptr(), col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode,
-        out.data_ptr(), q_out.data_ptr() if quantized else 0,
+        out_ptr, q_out.data_ptr() if quantized else 0,
         q_scales.data_ptr() if quantized else 0, torch.get_num_threads()) == 0,
         "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
-    return (out, q_out, q_scales) if quantized else out
+    return _results(out, q_out, q_scales, floats)
 
 
 # bytes the AMX kernel may read past a packed weight's end (csrc/int8_gemm_amx.cpp)
@@ -255,22 +276,23 @@ AMX_SLACK = 1024
 def int8_gemm_amx(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
                   row_scales: torch.Tensor, col_scales: torch.Tensor,
                   bias: Optional[torch.Tensor], mode: int,
-                  other: Optional[torch.Tensor] = None, quantized: bool = False):
+                  other: Optional[torch.Tensor] = None, quantized: bool = False,
+                  floats: bool = True):
     """As `int8_gemm_vnni` on csrc/int8_gemm_amx.cpp (AMX-INT8 tiles, s8 x s8: no comp);
     packed must have AMX_SLACK readable bytes after it in its storage (`pack_avx2(slack=)`)."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
-        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
+        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
+        floats)
     _check(packed.untyped_storage().nbytes() - packed.storage_offset() >=
            packed.numel() + AMX_SLACK, f"packed needs {AMX_SLACK} bytes of slack after it "
            "in its storage (pack_avx2(q, slack=AMX_SLACK))")
-    q_out = torch.empty((m, n), dtype=torch.int8) if quantized else None
-    q_scales = torch.empty(m, dtype=torch.float32) if quantized else None
+    q_out, q_scales, out_ptr = _quantized_out(m, n, quantized, floats, out)
     rc = lib.vllm_int8_gemm_amx(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
-        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out.data_ptr(),
+        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out_ptr,
         q_out.data_ptr() if quantized else 0, q_scales.data_ptr() if quantized else 0,
         torch.get_num_threads())
     _check(rc != 1, "int8_gemm_amx: the kernel library was built without AMX-INT8")
     _check(rc != 2, "int8_gemm_amx: Linux refused this process AMX's tile state "
            "(arch_prctl ARCH_REQ_XCOMP_PERM)")
-    return (out, q_out, q_scales) if quantized else out
+    return _results(out, q_out, q_scales, floats)

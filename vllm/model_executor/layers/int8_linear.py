@@ -293,7 +293,8 @@ class Int8Gemm:
     def hidden(self, x, w: Int8Weight, b, activation: Optional[str]) -> Projected:
         """An MLP's hidden rows act(x @ w.T + b) and, where the GEMM quantizes them in the
         same pass, their quantization for the down projection (`linear_add(quantized=)`),
-        or None."""
+        or None. With the quantization the floats are not made (the fused kernels): the
+        first element is then only their shape (zero-stride zeros)."""
         return self._act(x, w, b, activation, keep=True)
 
     def gated_hidden(self, x, w: tuple[Int8Weight, Int8Weight], activation: str = "silu",
@@ -344,11 +345,13 @@ class VnniInt8Gemm(Avx2Int8Gemm):
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: VnniWeight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False) -> Projected:
-        """`keep`: the kernel also quantizes each output row while it is in L1 (the down
+        """`keep`: the kernel quantizes each output row while it is in L1 (the down
         projection's input; otherwise a pass over [M, N] floats in memory: MiniLM's [8155,
-        1536] hidden rows, 1.5 ms per layer)."""
+        1536] hidden rows, 1.5 ms per layer) and writes no floats (the down projection
+        reads only the quantized rows): the floats returned are a stand-in with their shape
+        (zero-stride zeros)."""
         out = self.gemm(q, w.packed, w.comp, w.scale.shape[0], scales, w.scale, b, mode,
-                        other, quantized=keep)
+                        other, quantized=keep, floats=not keep)
         return (out[0], out[1:]) if keep else (out, None)
 
 
@@ -369,7 +372,7 @@ class AmxInt8Gemm(Avx2Int8Gemm):
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False) -> Projected:
         out = self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
-                        quantized=keep)
+                        quantized=keep, floats=not keep)  # as VnniInt8Gemm's
         return (out[0], out[1:]) if keep else (out, None)
 
 

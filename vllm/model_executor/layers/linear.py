@@ -194,18 +194,22 @@ class Linear(nn.Linear):
         """x @ W.T + b + residual; only for layers without an activation. `quantized`: x's
         rows as an up projection's `forward_hidden` handed them over."""
         assert self.activation is None, "forward_add is for projections without activation"
+        if quantized is not None:  # x may be a stand-in with only its shape (Int8Gemm.hidden)
+            assert hasattr(self.gemm, "hidden"), "quantized rows handed to a projection " \
+                "not on an int8 GEMM"
+            return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias, quantized)
         if self.lora is not None and (plan := self.lora.plan(x)):
             return self.lora.forward(self, x, plan, residual=residual)
         if self.skinny is not None and self.skinny.takes(x):
             return self.skinny(x, self.bias, "add", residual)
-        if quantized is not None and hasattr(self.gemm, "hidden"):
-            return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias, quantized)
         return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
 
     def forward_hidden(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[Quantized]]:
         """An MLP's up projection: forward(x), and where the bound GEMM quantizes its output
-        in the same pass (int8, VNNI kernel) those rows for the down projection's
-        `forward_add(quantized=)`, else None."""
+        in the same pass (int8, the VNNI and AMX kernels) those rows for the down
+        projection's `forward_add(quantized=)`, else None. With them the floats are a
+        stand-in of their shape only (the kernel writes none: the down projection reads
+        the quantized rows)."""
         if self._hands_over(x):
             return self.gemm.hidden(x, self._gemm_weight(), self.bias, self.activation)
         return self(x), None
