@@ -9,6 +9,8 @@
 #include "epilogue.h"
 #include "simd.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +54,46 @@ inline void quantize_row(const float* x, int64_t k, int8_t* q, float* scale) {
   const vf vinv = simd::set1(inv);
   for (c = 0; c + W <= k; c += W) simd::store_i8(q + c, simd::mul(simd::load(x + c), vinv));
   for (; c < k; ++c) q[c] = (int8_t)std::nearbyint(x[c] * inv);
+}
+
+// LayerNorm of one row of k floats in place, as torch.nn.LayerNorm: (x - mean) / sqrt(var
+// + eps) * w + b, mean and (biased) variance over the row in float32; two passes over a
+// row that is in L1. The fused int8 GEMMs apply it to whole rows after the residual add.
+// Written on 8-lane vectors in a fixed order on every build (AVX2 and AVX-512 alike), so
+// both give the same floats: int8 rounds the next projection's input, and an ulp here
+// moves whole rounding steps there.
+inline void layer_norm_row(float* x, int64_t k, const float* w, const float* b, float eps) {
+  auto total = [](__m256 v, float tail) {
+    alignas(32) float l[8];
+    _mm256_store_ps(l, v);
+    return (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + tail;
+  };
+  const int64_t k8 = k / 8 * 8;
+  __m256 vs = _mm256_setzero_ps();
+  float tail = 0.0f;
+  for (int64_t c = 0; c < k8; c += 8) vs = _mm256_add_ps(vs, _mm256_loadu_ps(x + c));
+  for (int64_t c = k8; c < k; ++c) tail += x[c];
+  const float mean = total(vs, tail) / (float)k;
+  const __m256 vmean = _mm256_set1_ps(mean);
+  __m256 vq = _mm256_setzero_ps();
+  tail = 0.0f;
+  for (int64_t c = 0; c < k8; c += 8) {
+    const __m256 dx = _mm256_sub_ps(_mm256_loadu_ps(x + c), vmean);
+    vq = _mm256_fmadd_ps(dx, dx, vq);
+  }
+  for (int64_t c = k8; c < k; ++c) tail = std::fma(x[c] - mean, x[c] - mean, tail);
+  const float rstd = 1.0f / std::sqrt(total(vq, tail) / (float)k + eps);
+  const __m256 vr = _mm256_set1_ps(rstd);
+  for (int64_t c = 0; c < k8; c += 8) {
+    const __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), vmean), vr);
+    const __m256 wv = _mm256_loadu_ps(w + c);
+    _mm256_storeu_ps(x + c, b ? _mm256_fmadd_ps(y, wv, _mm256_loadu_ps(b + c))
+                              : _mm256_mul_ps(y, wv));
+  }
+  for (int64_t c = k8; c < k; ++c) {
+    const float y = (x[c] - mean) * rstd;
+    x[c] = b ? std::fma(y, w[c], b[c]) : y * w[c];
+  }
 }
 
 }  // namespace int8_dequantize

@@ -145,13 +145,14 @@ int vllm_int8_gemm_amx_permitted() {
 }
 
 // As vllm_int8_gemm_vnni without comp: out [m, n] = epilogue(a [m, k] x the packed weight),
-// q_out / q_scales likewise. The packed weight must be readable for 1 KiB past its end
-// (see the top). Returns 0; 1 where the build has no AMX-INT8; 2 where the kernel refused
-// the process AMX's tile state.
+// its LayerNorm (norm_w, norm_b, eps), q_out / q_scales likewise. The packed weight must
+// be readable for 1 KiB past its end (see the top). Returns 0; 1 where the build has no
+// AMX-INT8; 2 where the kernel refused the process AMX's tile state.
 int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                        const int8_t* w_packed, int64_t n, const float* row_scales,
                        const float* col_scales, const float* bias, const float* other,
-                       int64_t other_row, int mode, float* out, int8_t* q_out,
+                       int64_t other_row, int mode, const float* norm_w,
+                       const float* norm_b, float eps, float* out, int8_t* q_out,
                        float* q_scales, int threads) {
 #if !VLLM_INT8_AMX
   return 1;
@@ -160,7 +161,8 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   threads = std::max(threads, 1);
   const int64_t kp = (k + 3) / 4 * 4, kq = (k + kTileK - 1) / kTileK * kTileK;
   const int64_t blocks = (n + kBlock - 1) / kBlock, wstride = kp * kBlock;
-  const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode};
+  const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
+                                  norm_w, norm_b, eps};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
   const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,
@@ -184,8 +186,8 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
     int8_gemm::finish_rows(sums.data(), ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n,
                            q_out, q_scales, task_blocks >= blocks);
   });
-  if (q_out && task_blocks < blocks)  // rows split between tasks: a pass of its own
-    int8_gemm::quantize_all(floats.out, m, n, q_out, q_scales, threads);
+  if (task_blocks < blocks)  // rows split between tasks: their norm and quantization after
+    int8_gemm::finish_split_rows(floats.out, m, n, dq, q_out, q_scales, threads);
   return 0;
 #endif
 }

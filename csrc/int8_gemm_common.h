@@ -25,6 +25,11 @@ struct Dequantize {
   const float* other;  // [M, N] of row stride other_row (modes 1, 2), or null
   int64_t other_row;
   int mode;
+  // after the epilogue, LayerNorm of each whole row (norm_w [N], norm_b [N] or null, eps);
+  // norm_w null: none
+  const float* norm_w = nullptr;
+  const float* norm_b = nullptr;
+  float eps = 0.0f;
 };
 
 // Row m's int32 sums of `cols` columns from column c0 (a multiple of 16, so the span's
@@ -39,10 +44,11 @@ inline void store_row(const int32_t* sums, int64_t m, int64_t c0, int cols,
 }
 
 // The end of a task: rows [r0, r1) of its int32 sums (row stride ld, columns from c0) back
-// to float in out (row stride n); with q_out and whole rows (the task has every column),
-// each row quantized for the next projection while it is in L1. out null (whole rows and
-// q_out only, see `Floats`): each row's floats live only in a per-thread row, so an MLP's
-// hidden rows that only the down projection reads, quantized, never go to memory.
+// to float in out (row stride n); with whole rows (the task has every column), each row
+// layer-normed (dq.norm_w) and quantized for the next projection (q_out) while it is in L1.
+// out null (whole rows and q_out only, see `Floats`): each row's floats live only in a
+// per-thread row, so an MLP's hidden rows that only the down projection reads, quantized,
+// never go to memory.
 inline void finish_rows(const int32_t* sums, int64_t ld, int64_t r0, int64_t r1, int64_t c0,
                         int cols, const Dequantize& dq, float* out, int64_t n,
                         int8_t* q_out, float* q_scales, bool whole_rows) {
@@ -51,7 +57,21 @@ inline void finish_rows(const int32_t* sums, int64_t ld, int64_t r0, int64_t r1,
   for (int64_t r = r0; r < r1; ++r) {
     float* row = out ? out + r * n : kept.data();
     store_row(sums + (r - r0) * ld, r, c0, cols, dq, row, 0);
-    if (q_out && whole_rows) int8_dequantize::quantize_row(row, n, q_out + r * n, q_scales + r);
+    if (!whole_rows) continue;
+    if (dq.norm_w) int8_dequantize::layer_norm_row(row, n, dq.norm_w, dq.norm_b, dq.eps);
+    if (q_out) int8_dequantize::quantize_row(row, n, q_out + r * n, q_scales + r);
+  }
+}
+
+// Where tasks split the rows' columns: after them, each row layer-normed (dq.norm_w) and
+// quantized (q_out), in a pass of its own.
+inline void finish_split_rows(float* out, int64_t m, int64_t n, const Dequantize& dq,
+                              int8_t* q_out, float* q_scales, int threads) {
+  if (!dq.norm_w && !q_out) return;
+#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
+  for (int64_t r = 0; r < m; ++r) {
+    if (dq.norm_w) int8_dequantize::layer_norm_row(out + r * n, n, dq.norm_w, dq.norm_b, dq.eps);
+    if (q_out) int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
   }
 }
 
@@ -68,14 +88,6 @@ struct Floats {
     }
   }
 };
-
-// out's m rows quantized in a pass of their own (the tasks split rows between them).
-inline void quantize_all(const float* out, int64_t m, int64_t n, int8_t* q_out,
-                         float* q_scales, int threads) {
-#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
-  for (int64_t r = 0; r < m; ++r)
-    int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
-}
 
 // fn(r0, r1, b0, b1) over the tasks of panel_rows rows x panel_blocks blocks that cover m
 // rows x `blocks` blocks, spread over `threads`. Dynamic, so that on a machine shared with

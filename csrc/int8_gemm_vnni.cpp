@@ -192,11 +192,14 @@ int vllm_int8_gemm_vnni_built() { return VLLM_INT8_VNNI; }
 // other [m, n] (row stride other_row, modes 1, 2) or null. q_out [m, n] int8 and q_scales
 // [m], or both null: out's rows quantized as vllm_quantize_rows would (the next projection's
 // input, without another pass over out); out may then be null (only q_out is made: the
-// floats are not written). Returns 0, or 1 where the build has no AVX512-VNNI.
+// floats are not written). norm_w [n] (or null: none), norm_b [n] (or null), eps: each
+// row of out layer-normed after the epilogue (before its quantization), as
+// torch.nn.LayerNorm(n, eps). Returns 0, or 1 where the build has no AVX512-VNNI.
 int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                         const int8_t* w_packed, const int32_t* comp, int64_t n,
                         const float* row_scales, const float* col_scales, const float* bias,
-                        const float* other, int64_t other_row, int mode, float* out,
+                        const float* other, int64_t other_row, int mode,
+                        const float* norm_w, const float* norm_b, float eps, float* out,
                         int8_t* q_out, float* q_scales, int threads) {
 #if !VLLM_INT8_VNNI
   return 1;
@@ -204,7 +207,8 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   threads = std::max(threads, 1);
   const int64_t kp = (k + 3) / 4 * 4, blocks = (n + kBlock - 1) / kBlock;
   const Operands op{w_packed, comp, kp};
-  const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode};
+  const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
+                                  norm_w, norm_b, eps};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
   const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,
@@ -223,8 +227,8 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
     int8_gemm::finish_rows(p.sums, p.ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n,
                            q_out, q_scales, task_blocks >= blocks);
   });
-  if (q_out && task_blocks < blocks)  // rows split between tasks: a pass of its own
-    int8_gemm::quantize_all(floats.out, m, n, q_out, q_scales, threads);
+  if (task_blocks < blocks)  // rows split between tasks: their norm and quantization after
+    int8_gemm::finish_split_rows(floats.out, m, n, dq, q_out, q_scales, threads);
   return 0;
 #endif
 }

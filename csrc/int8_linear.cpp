@@ -48,4 +48,22 @@ int vllm_dequantize_rows(const int32_t* acc, int64_t m, int64_t n, const float* 
 #endif
 }
 
+// out [m, n] = LayerNorm of x's rows (row stride x_row), weight w [n], bias b [n] or null:
+// the formula the fused int8 GEMMs apply in their pass (int8_dequantize.h), for the int8
+// paths that normalise after the GEMM, so every path gives the same floats. Returns 0, or
+// 1 where the library has no SIMD build.
+int vllm_layer_norm_rows(const float* x, int64_t m, int64_t n, int64_t x_row, const float* w,
+                         const float* b, float eps, float* out, int threads) {
+#if !VLLM_SIMD_WIDTH
+  return 1;
+#else
+#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
+  for (int64_t r = 0; r < m; ++r) {
+    std::copy(x + r * x_row, x + r * x_row + n, out + r * n);
+    int8_dequantize::layer_norm_row(out + r * n, n, w, b, eps);
+  }
+  return 0;
+#endif
+}
+
 }  // extern "C"

@@ -435,8 +435,8 @@ int vllm_varlen_attention_bf16_built() { return VLLM_ATTN_BF16; }
 int vllm_varlen_attention_bf16(const void* q, int64_t q_row, int64_t q_head,
                                const void* k, int64_t k_row, int64_t k_head,
                                const void* v, int64_t v_row, int64_t v_head, void* out,
-                               int out_bf16, int bf16_pv, int in_f32, int64_t hq, int64_t hkv, int64_t d,
-                               const int64_t* qoff, const int64_t* koff, int64_t b,
+                               int out_bf16, int bf16_pv, int in_f32, int64_t hq, int64_t hkv,
+                               int64_t d, const int64_t* qoff, const int64_t* koff, int64_t b,
                                const int64_t* rows, int64_t n_rows, const int64_t* tile_of,
                                int64_t n_tile_ids, float scale, int causal, int threads,
                                char* err, int64_t err_len) {

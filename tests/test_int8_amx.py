@@ -87,6 +87,23 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(amx_gemm):
 
 
 @needs_amx
+def test_kernel_layer_norm_in_its_pass(amx_gemm):
+    """`norm=`: the separate C++ LayerNorm pass's floats bit for bit, whole-row and split
+    tasks."""
+    layer_norm = cpu_kernels.int8_layer_norm_kernel()
+    g = torch.Generator().manual_seed(6)
+    for m, k, n in [(400, 100, 384), (5, 64, 1000)]:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        bias, residual = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+        nw, nb = torch.randn(n, generator=g), torch.randn(n, generator=g)
+        plain = _run(amx_gemm, a, w, rs, cs, bias, 1, residual)
+        got = _run(amx_gemm, a, w, rs, cs, bias, 1, residual, norm=(nw, nb, 1e-5))
+        assert torch.equal(got, layer_norm(plain, nw, nb, 1e-5)), (m, k, n)
+
+
+@needs_amx
 def test_kernel_after_onednn_amx_on_the_same_threads(amx_gemm):
     """oneDNN's AMX kernels (a bf16 GEMM) leave their own tile shapes configured on the
     OpenMP threads; each task configures its own, so the sums stay exact."""

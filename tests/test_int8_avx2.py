@@ -240,6 +240,8 @@ def test_minilm_on_the_avx2_build_as_on_an_avx2_only_cpu(minilm_dir, minilm_embe
     assert "int8 projections: AVX2 path" in result["log"], result["log"]
     assert "oneDNN's int8 GEMM saturates in this process" in result["log"]
     _check_minilm(np.array(result["int8"]), minilm_embeddings)
+    # post-LN blocks' LayerNorm: the AVX2 build's floats are this build's, bit for bit
+    assert torch.equal(torch.tensor(result["layer_norm"]), _layer_norm_sample())
 
 
 def _child(model_dir: str) -> dict:
@@ -256,7 +258,20 @@ def _child(model_dir: str) -> dict:
     embed = lambda llm: [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]  # noqa
     return {"kernel": cpu_kernels.kernel_status("int8_gemm_avx2"), "gemm_errors": errors,
             "paths": sorted(_gemm_paths(int8)), "int8": embed(int8),
+            "layer_norm": _layer_norm_sample().tolist(),
             "log": "\n".join(r for r in records if "int8 projections" in r)}
+
+
+def _layer_norm_sample() -> torch.Tensor:
+    """The int8 paths' C++ LayerNorm on fixed rows (384 and 61 wide: with a tail)."""
+    g = torch.Generator().manual_seed(5)
+    norm = cpu_kernels.int8_layer_norm_kernel()
+    rows = []
+    for n in (384, 61):
+        x, w, b = torch.randn(7, n, generator=g) * 3, torch.randn(n, generator=g), \
+            torch.randn(n, generator=g)
+        rows.append(norm(x, w, b, 1e-12).flatten())
+    return torch.cat(rows)
 
 
 if __name__ == "__main__":

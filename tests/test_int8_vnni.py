@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from test_int8_avx2 import TEXTS
 from vllm._kernels import cpu_kernels
@@ -131,6 +132,67 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(vnni_gemm):
         assert torch.equal(q2, q) and torch.equal(s2, s), (m, k, n, mode)
         assert none.shape == (m, n) and not none.any()
         assert none.untyped_storage().nbytes() == 4 * n  # one row of zeros, expanded
+
+
+@needs_vnni
+def test_kernel_layer_norm_in_its_pass(vnni_gemm):
+    """`norm=`: each row of the epilogue's output layer-normed in the GEMM's pass: the
+    floats of the separate C++ pass (`int8_layer_norm_kernel`, which the other int8 paths
+    run after their GEMM) bit for bit, whole-row tasks and split ones (few rows), with and
+    without a norm bias; and torch's LayerNorm to float32 rounding."""
+    layer_norm = cpu_kernels.int8_layer_norm_kernel()
+    g = torch.Generator().manual_seed(6)
+    for m, k, n, with_bias in [(400, 100, 384, True), (5, 64, 1000, True), (97, 600, 75, False)]:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        bias, residual = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+        nw, nb = torch.randn(n, generator=g), torch.randn(n, generator=g) if with_bias else None
+        args = (a, i8.pack_avx2(w), i8.column_compensation(w), n, rs, cs, bias, 1, residual)
+        plain = vnni_gemm(*args)
+        got = vnni_gemm(*args, norm=(nw, nb, 1e-5))
+        assert torch.equal(got, layer_norm(plain, nw, nb, 1e-5)), (m, k, n)
+        want = F.layer_norm(plain, (n,), nw, nb, 1e-5)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_add_norm_on_every_int8_path_and_its_fallbacks(monkeypatch):
+    """`Linear.forward_add_norm`: on an int8 GEMM the C++ LayerNorm (fused or after the
+    GEMM: the same floats on the oneDNN / AVX2 / VNNI paths); without its kernels, or with a
+    norm that is not a LayerNorm over the output, `norm(forward_add(...))`."""
+    from torch import nn
+    from vllm.model_executor.layers.linear import Linear
+    torch.manual_seed(4)
+    norm = nn.LayerNorm(48)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
+    x, residual = torch.randn(30, 32), torch.randn(30, 48)
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+
+    def run(gemm, module=norm):
+        layer = Linear(32, 48)
+        layer.weight.data.copy_(weight)
+        layer.bias.data.copy_(bias)
+        layer.bind(gemm)
+        return layer.forward_add_norm(x, residual, module), \
+            module(layer.forward_add(x, residual))
+    kernels = cpu_kernels.int8_kernels()
+    plain = i8.Int8Gemm(None, "VNNI")  # torch ops: F.layer_norm after the GEMM
+    got, want = run(plain)
+    assert torch.equal(got, want)
+    if kernels is not None and i8.int8_gemm_exact():
+        onednn = i8.Int8Gemm(kernels, "VNNI")
+        onednn.layer_norm = cpu_kernels.int8_layer_norm_kernel()
+        got, want = run(onednn)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, onednn.layer_norm(onednn.linear_add(
+            x, residual, onednn.pack(weight), bias), norm.weight, norm.bias, norm.eps))
+        if cpu_kernels.int8_gemm_vnni_kernel() is not None:
+            fused = i8.VnniInt8Gemm(kernels, cpu_kernels.int8_gemm_vnni_kernel())
+            assert torch.equal(run(fused)[0], got)
+    rms = nn.RMSNorm(48)  # not a LayerNorm: applied after forward_add
+    got, want = run(plain, rms)
+    assert torch.equal(got, want)
 
 
 @needs_vnni

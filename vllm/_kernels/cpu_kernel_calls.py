@@ -157,6 +157,21 @@ def quantize_rows(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torc
     return q, scales
 
 
+def layer_norm_rows(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor,
+                    bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """LayerNorm of float32 [M, N] rows (unit column stride) as the fused int8 GEMMs apply
+    it (csrc/int8_linear.cpp): float32 [M, N]."""
+    _check(x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1,
+           f"x must be float32 [M, N] with unit column stride; got {x.dtype} {tuple(x.shape)}")
+    m, n = x.shape
+    w, b, eps = _norm_args((weight, bias, eps), n)
+    out = torch.empty((m, n), dtype=torch.float32)
+    _check(lib.vllm_layer_norm_rows(x.data_ptr(), m, n, x.stride(0), w, b, eps,
+                                    out.data_ptr(), torch.get_num_threads()) == 0,
+           "layer_norm_rows: the kernel library has no SIMD build")
+    return out
+
+
 def _check_epilogue(bias: Optional[torch.Tensor], other: Optional[torch.Tensor], m: int,
                     n: int) -> None:
     """The optional epilogue inputs of an [m, n] int32 GEMM result: bias [n], other [m, n]."""
@@ -234,6 +249,20 @@ def _quantized_out(m: int, n: int, quantized: bool, floats: bool, out: torch.Ten
     return q_out, q_scales, out.data_ptr() if floats else 0
 
 
+def _norm_args(norm: Optional[tuple], n: int) -> tuple:
+    """(weight pointer, bias pointer, eps) of a LayerNorm fused after the epilogue (norm:
+    (weight [n], bias [n] or None, eps), float32 contiguous), or null pointers."""
+    if norm is None:
+        return 0, 0, 0.0
+    w, b, eps = norm
+    for t in (w, b):
+        _check(t is None or (t.dtype == torch.float32 and t.shape == (n,) and
+                             t.is_contiguous()), f"norm weight and bias must be contiguous "
+               f"float32 [{n}]")
+    _check(w is not None, "norm needs a weight")
+    return w.data_ptr(), 0 if b is None else b.data_ptr(), float(eps)
+
+
 def _results(out: torch.Tensor, q_out, q_scales, floats: bool):
     """out, or (out, q_out, q_scales); out is a zero-stride [m, n] view of zeros (its shape
     only) where the floats were not written."""
@@ -247,12 +276,13 @@ def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
                    comp: torch.Tensor, n: int, row_scales: torch.Tensor,
                    col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
                    other: Optional[torch.Tensor] = None, quantized: bool = False,
-                   floats: bool = True):
+                   floats: bool = True, norm: Optional[tuple] = None):
     """As `int8_gemm_avx2` on csrc/int8_gemm_vnni.cpp (AVX512-VNNI): the same packed
     weight, plus comp int32 [ceil(n / 16) * 16], 128 times each column's weight sum.
     `quantized`: (out, q_out [M, n] int8, scales [M]), out's rows as `quantize_rows`
     gives them, made in the same pass; `floats=False` (with `quantized`): out is not
-    written (see `_results`), only the quantized rows are made."""
+    written (see `_results`), only the quantized rows are made. `norm` (weight, bias or
+    None, eps): each output row layer-normed after the epilogue, in the same pass."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
         q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
         floats)
@@ -263,7 +293,7 @@ def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
     _check(lib.vllm_int8_gemm_vnni(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), comp.data_ptr(), n,
         row_scales.data_ptr(), col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode,
-        out_ptr, q_out.data_ptr() if quantized else 0,
+        *_norm_args(norm, n), out_ptr, q_out.data_ptr() if quantized else 0,
         q_scales.data_ptr() if quantized else 0, torch.get_num_threads()) == 0,
         "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
     return _results(out, q_out, q_scales, floats)
@@ -277,7 +307,7 @@ def int8_gemm_amx(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: in
                   row_scales: torch.Tensor, col_scales: torch.Tensor,
                   bias: Optional[torch.Tensor], mode: int,
                   other: Optional[torch.Tensor] = None, quantized: bool = False,
-                  floats: bool = True):
+                  floats: bool = True, norm: Optional[tuple] = None):
     """As `int8_gemm_vnni` on csrc/int8_gemm_amx.cpp (AMX-INT8 tiles, s8 x s8: no comp);
     packed must have AMX_SLACK readable bytes after it in its storage (`pack_avx2(slack=)`)."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
@@ -289,7 +319,8 @@ def int8_gemm_amx(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: in
     q_out, q_scales, out_ptr = _quantized_out(m, n, quantized, floats, out)
     rc = lib.vllm_int8_gemm_amx(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
-        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out_ptr,
+        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, *_norm_args(norm, n),
+        out_ptr,
         q_out.data_ptr() if quantized else 0, q_scales.data_ptr() if quantized else 0,
         torch.get_num_threads())
     _check(rc != 1, "int8_gemm_amx: the kernel library was built without AMX-INT8")

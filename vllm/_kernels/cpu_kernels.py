@@ -38,6 +38,7 @@ REBUILD = ('reinstall with CMake, a C++ compiler and OpenMP (`pip install -e .`)
 ISA_FLAGS = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma"}, "none": set()}
 _status: dict[str, str] = {}
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_NORM = [_PTR, _PTR, ctypes.c_float]  # a fused LayerNorm's weight, bias, eps
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,6 +137,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                       _PTR, _I64, ctypes.c_int, _PTR, _I64, ctypes.c_int])
     lib.vllm_quantize_rows.restype = ctypes.c_int
     lib.vllm_quantize_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, ctypes.c_int]
+    lib.vllm_layer_norm_rows.argtypes = [_PTR, _I64, _I64, _I64] + _NORM + [_PTR, ctypes.c_int]
     lib.vllm_dequantize_rows.restype = ctypes.c_int
     lib.vllm_dequantize_rows.argtypes = ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64,
                                           ctypes.c_int, _PTR, ctypes.c_int])
@@ -159,15 +161,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_vnni_built.restype = ctypes.c_int
         lib.vllm_int8_gemm_vnni.restype = ctypes.c_int
         lib.vllm_int8_gemm_vnni.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64] +
-                                            [_PTR] * 4 + [_I64, ctypes.c_int, _PTR, _PTR,
-                                                          _PTR, ctypes.c_int])
+                                            [_PTR] * 4 + [_I64, ctypes.c_int] + _NORM +
+                                            [_PTR, _PTR, _PTR, ctypes.c_int])
     if hasattr(lib, "vllm_int8_gemm_amx"):
         lib.vllm_int8_gemm_amx_built.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx_permitted.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] + [_PTR] * 4 +
-                                           [_I64, ctypes.c_int, _PTR, _PTR, _PTR,
-                                            ctypes.c_int])
+                                           [_I64, ctypes.c_int] + _NORM +
+                                           [_PTR, _PTR, _PTR, ctypes.c_int])
     return lib
 
 
@@ -261,6 +263,16 @@ def int8_kernels() -> Optional[tuple[Callable, Callable]]:
     _status["int8"] = _status["library"]
     from vllm._kernels.cpu_kernel_calls import dequantize_rows, quantize_rows
     return functools.partial(quantize_rows, lib), functools.partial(dequantize_rows, lib)
+
+
+def int8_layer_norm_kernel() -> Optional[Callable]:
+    """`f(x, weight, bias, eps)`: LayerNorm of float32 rows as the fused int8 GEMMs apply
+    it in their pass (csrc/int8_linear.cpp), for the int8 paths that normalise after the
+    GEMM; None where `int8_kernels` is."""
+    if int8_kernels() is None:
+        return None
+    from vllm._kernels.cpu_kernel_calls import layer_norm_rows
+    return functools.partial(layer_norm_rows, library())
 
 
 def _int8_gemm_kernel(name: str, flags: set[str], build: str, cpu: str

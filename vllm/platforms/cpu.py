@@ -152,7 +152,7 @@ class CpuPlatform(Platform):
     def int8_gemm(self):
         """The int8 GEMM of the path `int8_path` chooses, logged in one INFO line."""
         from vllm._kernels.cpu_kernels import int8_gemm_amx_kernel, int8_gemm_avx2_kernel, \
-            int8_gemm_vnni_kernel, int8_kernels, kernel_status
+            int8_gemm_vnni_kernel, int8_kernels, int8_layer_norm_kernel, kernel_status
         from vllm.model_executor.layers.int8_linear import AmxInt8Gemm, Avx2Int8Gemm, \
             Int8Gemm, VnniInt8Gemm
         path, why = self.int8_path()
@@ -161,12 +161,15 @@ class CpuPlatform(Platform):
                     "in C++" if kernels else f"in torch ops (C++ kernel "
                     f"{kernel_status('int8')})")
         if path == "AVX2":
-            return Avx2Int8Gemm(kernels, int8_gemm_avx2_kernel())
-        if path == "VNNI_FUSED":
-            return VnniInt8Gemm(kernels, int8_gemm_vnni_kernel())
-        if path == "AMX_FUSED":
-            return AmxInt8Gemm(kernels, int8_gemm_amx_kernel())
-        return Int8Gemm(kernels, path)
+            gemm = Avx2Int8Gemm(kernels, int8_gemm_avx2_kernel())
+        elif path == "VNNI_FUSED":
+            gemm = VnniInt8Gemm(kernels, int8_gemm_vnni_kernel())
+        elif path == "AMX_FUSED":
+            gemm = AmxInt8Gemm(kernels, int8_gemm_amx_kernel())
+        else:
+            gemm = Int8Gemm(kernels, path)
+        gemm.layer_norm = int8_layer_norm_kernel()  # post-LN blocks: every path the same
+        return gemm
 
     def int8_bf16_attention(self, backend: str) -> bool:
         """int8 models on CPU_NATIVE run attention on the bfloat16 kernel where the CPU has

@@ -20,7 +20,10 @@ read weights packed at load (`pack_avx2`) and fuse the dequantizing end into the
 (the same C++ formula as `dequantize_rows`), so their outputs are the VNNI path's bit for
 bit. The VNNI and AMX kernels can also quantize its output rows in that pass (`hidden`,
 `gated_hidden`: an MLP's hidden rows, handed to the down projection's `linear_add` by
-`linear.mlp_add`), the bytes `quantize_rows` would make of them.
+`linear.mlp_add`), the bytes `quantize_rows` would make of them, and then write no floats
+(the down projection reads only those). A post-LN block's LayerNorm (`linear_add_norm`)
+runs in the VNNI and AMX kernels' pass; the other paths run the same C++ formula after
+their GEMM (`layer_norm`), so every path keeps the same floats.
 
 Only the backbone's `Linear` layers run in int8 (the model loader binds them); embeddings,
 norms, attention (QK^T, softmax, PV), the pooler and every task head stay float: they are
@@ -48,6 +51,8 @@ _TORCH_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 # a projection's float output and, where asked and made in the same pass, its rows quantized
 Projected = tuple[torch.Tensor, Optional[Quantized]]
+# a LayerNorm after a projection: (weight [N], bias [N] or None, eps)
+Norm = tuple[torch.Tensor, Optional[torch.Tensor], float]
 
 
 class Int8Weight(NamedTuple):
@@ -253,20 +258,23 @@ class Int8Gemm:
     pack = staticmethod(quantize_weight)
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Int8Weight, b, mode: int,
-                 other: Optional[torch.Tensor], keep: bool = False) -> Projected:
+                 other: Optional[torch.Tensor], keep: bool = False,
+                 norm: Optional[Norm] = None) -> Projected:
         """The int8 GEMM of quantized rows, back to float with the epilogue `mode`, and
-        (`keep`, where the GEMM makes it in the same pass) the output's rows quantized."""
+        (`keep`, where the GEMM makes it in the same pass) the output's rows quantized.
+        `norm`: only for GEMMs with `fused_norm` (each row layer-normed in the pass)."""
         return self.dequantize(torch._int_mm(q, w.q.t()), scales, w.scale, b, mode,
                                other), None
 
     def _run(self, x: torch.Tensor, w: Int8Weight, b, mode: Optional[str], other=None,
-             quantized: Optional[Quantized] = None, keep: bool = False) -> Projected:
+             quantized: Optional[Quantized] = None, keep: bool = False,
+             norm: Optional[Norm] = None) -> Projected:
         lead, rows = x.shape[:-1], _rows(x)
         if rows.shape[0] == 0:
             return x.new_empty(*lead, w.scale.shape[0]), None
         q, scales = quantized if quantized is not None else self.quantize(rows)
         y, kept = self._project(q, scales, w, b, MODES[mode],
-                                None if other is None else _rows(other), keep)
+                                None if other is None else _rows(other), keep, norm)
         return y.view(*lead, y.shape[-1]), kept
 
     def _act(self, x, w: Int8Weight, b, activation: Optional[str], quantized=None,
@@ -283,6 +291,24 @@ class Int8Gemm:
                    quantized: Optional[Quantized] = None) -> torch.Tensor:
         """`quantized`: x's rows as `hidden` handed them over (no pass over x)."""
         return self._run(x, w, b, "add", residual, quantized=quantized)[0]
+
+    fused_norm = False  # whether `_project` applies a LayerNorm in the GEMM's own pass
+    # f(x, weight, bias, eps): the C++ LayerNorm the fused kernels apply, for the paths that
+    # normalise after the GEMM (the platform sets it), so all give the same floats; None:
+    # F.layer_norm
+    layer_norm: Optional[Callable] = None
+
+    def linear_add_norm(self, x, residual, w: Int8Weight, b, norm: Norm,
+                        quantized: Optional[Quantized] = None) -> torch.Tensor:
+        """LayerNorm(x @ w.T + b + residual), norm = (weight [N], bias [N] or None, eps):
+        in the GEMM's pass where it can (`fused_norm`: each whole row while it is in L1),
+        else F.layer_norm after `linear_add`."""
+        if self.fused_norm:
+            return self._run(x, w, b, "add", residual, quantized=quantized, norm=norm)[0]
+        y = self.linear_add(x, residual, w, b, quantized)
+        if self.layer_norm is not None and y.dim() == 2 and y.shape[0]:
+            return self.layer_norm(y, *norm)
+        return F.layer_norm(y, (y.shape[-1],), norm[0], norm[1], norm[2])
 
     def linear_mul(self, x, other, w: Int8Weight, b) -> torch.Tensor:
         return self._run(x, w, b, "mul", other)[0]
@@ -322,7 +348,8 @@ class Avx2Int8Gemm(Int8Gemm):
         return Avx2Weight(pack_avx2(w.q, self.gemm.block), w.scale)
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
-                 other: Optional[torch.Tensor], keep: bool = False) -> Projected:
+                 other: Optional[torch.Tensor], keep: bool = False,
+                 norm: Optional[Norm] = None) -> Projected:
         """The GEMM and the dequantizing end in one kernel pass (no int32 [M, N] in memory):
         the floats of `dequantize_rows`."""
         return self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other), None
@@ -343,15 +370,18 @@ class VnniInt8Gemm(Avx2Int8Gemm):
         return VnniWeight(pack_avx2(w.q, self.gemm.block),
                           column_compensation(w.q, self.gemm.block), w.scale)
 
+    fused_norm = True
+
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: VnniWeight, b, mode: int,
-                 other: Optional[torch.Tensor], keep: bool = False) -> Projected:
+                 other: Optional[torch.Tensor], keep: bool = False,
+                 norm: Optional[Norm] = None) -> Projected:
         """`keep`: the kernel quantizes each output row while it is in L1 (the down
         projection's input; otherwise a pass over [M, N] floats in memory: MiniLM's [8155,
         1536] hidden rows, 1.5 ms per layer) and writes no floats (the down projection
         reads only the quantized rows): the floats returned are a stand-in with their shape
-        (zero-stride zeros)."""
+        (zero-stride zeros). `norm`: each row layer-normed in the same pass."""
         out = self.gemm(q, w.packed, w.comp, w.scale.shape[0], scales, w.scale, b, mode,
-                        other, quantized=keep, floats=not keep)
+                        other, quantized=keep, floats=not keep, norm=norm)
         return (out[0], out[1:]) if keep else (out, None)
 
 
@@ -369,10 +399,13 @@ class AmxInt8Gemm(Avx2Int8Gemm):
         w = quantize_weight(weight)
         return Avx2Weight(pack_avx2(w.q, self.gemm.block, self.gemm.slack), w.scale)
 
+    fused_norm = True
+
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
-                 other: Optional[torch.Tensor], keep: bool = False) -> Projected:
+                 other: Optional[torch.Tensor], keep: bool = False,
+                 norm: Optional[Norm] = None) -> Projected:
         out = self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
-                        quantized=keep, floats=not keep)  # as VnniInt8Gemm's
+                        quantized=keep, floats=not keep, norm=norm)  # as VnniInt8Gemm's
         return (out[0], out[1:]) if keep else (out, None)
 
 

@@ -204,6 +204,21 @@ class Linear(nn.Linear):
             return self.skinny(x, self.bias, "add", residual)
         return self.gemm.linear_add(x, residual, self._gemm_weight(), self.bias)
 
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module,
+                         quantized: Optional[Quantized] = None) -> torch.Tensor:
+        """norm(x @ W.T + b + residual), a post-LN block's end: where `norm` is a LayerNorm
+        over the output and the bound GEMM has `linear_add_norm` (int8: in its own pass on
+        the VNNI and AMX kernels, each row while it is in L1; the same C++ formula after
+        the GEMM on the other int8 paths), that; else `forward_add`, then `norm`."""
+        fused = hasattr(self.gemm, "linear_add_norm") and isinstance(norm, nn.LayerNorm) \
+            and norm.weight is not None and norm.weight.dtype == torch.float32 \
+            and tuple(norm.normalized_shape) == (self.out_features,) \
+            and (quantized is not None or (self.lora is None and self.skinny is None))
+        if not fused:
+            return norm(self.forward_add(x, residual, quantized))
+        return self.gemm.linear_add_norm(x, residual, self._gemm_weight(), self.bias,
+                                         (norm.weight, norm.bias, norm.eps), quantized)
+
     def forward_hidden(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[Quantized]]:
         """An MLP's up projection: forward(x), and where the bound GEMM quantizes its output
         in the same pass (int8, the VNNI and AMX kernels) those rows for the down
@@ -320,10 +335,14 @@ def _skinny_activation(weight: SkinnyWeight, x: torch.Tensor, bias: Optional[tor
     return _ACTIVATIONS[activation][2](weight(x, bias))
 
 
-def mlp_add(up: Linear, down: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + down(up(x)), the hidden rows handed from one projection to the next as
-    the bound GEMM prefers (int8: quantized in the up projection's own pass)."""
+def mlp_add(up: Linear, down: Linear, x: torch.Tensor, residual: torch.Tensor,
+            norm: Optional[nn.Module] = None) -> torch.Tensor:
+    """residual + down(up(x)) (then `norm` of it: a post-LN block), the hidden rows handed
+    from one projection to the next as the bound GEMM prefers (int8: quantized in the up
+    projection's own pass), the norm in the down projection's pass where it can."""
     hidden, quantized = up.forward_hidden(x)
+    if norm is not None:
+        return down.forward_add_norm(hidden, residual, norm, quantized)
     return down.forward_add(hidden, residual, quantized)
 
 

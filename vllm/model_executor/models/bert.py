@@ -68,8 +68,8 @@ class BertLayer(nn.Module):
         attn = self.attn(q, k, v, meta)
         if rows is not None:
             x, attn = x[rows], attn[rows]
-        x = self.attn_norm(self.attn_out.forward_add(attn, x))
-        return self.out_norm(mlp_add(self.intermediate, self.out, x, x))
+        x = self.attn_out.forward_add_norm(attn, x, self.attn_norm)
+        return mlp_add(self.intermediate, self.out, x, x, self.out_norm)
 
 
 # HF sub-names -> ours, inside one encoder layer.

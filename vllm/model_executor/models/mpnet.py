@@ -147,8 +147,8 @@ class MPNetLayer(nn.Module):
         attn = biased_attention(q, k, v, meta, bias, self.scale).reshape(t, -1)
         if rows is not None:
             x, attn = x[rows], attn[rows]
-        x = self.attn_norm(self.attn_out.forward_add(attn, x))
-        return self.out_norm(mlp_add(self.intermediate, self.out, x, x))
+        x = self.attn_out.forward_add_norm(attn, x, self.attn_norm)
+        return mlp_add(self.intermediate, self.out, x, x, self.out_norm)
 
 
 class MPNetModel(nn.Module):

@@ -114,13 +114,13 @@ class RopeEncoderLayer(nn.Module):
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1), meta)
         if rows is not None:
             x, out = x[rows], out[rows]
-        x = self.attn_norm(self.attn_out.forward_add(out, x))
+        x = self.attn_out.forward_add_norm(out, x, self.attn_norm)
         if not self.gated or isinstance(self.gate_up, GatedLinear):
-            return self.mlp_norm(mlp_add(self.gate_up if self.gated else self.up, self.down,
-                                         x, x))
+            return mlp_add(self.gate_up if self.gated else self.up, self.down, x, x,
+                           self.mlp_norm)
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         hidden = apply_activation(self.activation, gate) * up
-        return self.mlp_norm(self.down.forward_add(hidden, x))
+        return self.down.forward_add_norm(hidden, x, self.mlp_norm)
 
 
 class RopeEncoderModel(nn.Module):
