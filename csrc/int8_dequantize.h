@@ -96,5 +96,20 @@ inline void layer_norm_row(float* x, int64_t k, const float* w, const float* b, 
   }
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && VLLM_SIMD_WIDTH == 16
+#define VLLM_INT8_BF16_OUT 1
+// k floats rounded to bfloat16 (nearest even, as torch's cast and the bf16 attention
+// kernel round them: vcvtneps2bf16 in both), out as uint16 bits.
+inline void round_row_bf16(const float* x, int64_t k, uint16_t* out) {
+  for (int64_t c = 0; c < k; c += 16) {
+    const __mmask16 m = k - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - c)) - 1);
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + c));
+    _mm256_mask_storeu_epi16(out + c, m, h);
+  }
+}
+#else
+#define VLLM_INT8_BF16_OUT 0
+#endif
+
 }  // namespace int8_dequantize
 #endif

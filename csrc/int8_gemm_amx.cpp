@@ -145,24 +145,26 @@ int vllm_int8_gemm_amx_permitted() {
 }
 
 // As vllm_int8_gemm_vnni without comp: out [m, n] = epilogue(a [m, k] x the packed weight),
-// its LayerNorm (norm_w, norm_b, eps), q_out / q_scales likewise. The packed weight must
-// be readable for 1 KiB past its end (see the top). Returns 0; 1 where the build has no
-// AMX-INT8; 2 where the kernel refused the process AMX's tile state.
+// its LayerNorm (norm_w, norm_b, eps), bf16_out, q_out / q_scales likewise. The packed
+// weight must be readable for 1 KiB past its end (see the top). Returns 0; 1 where the
+// build has no AMX-INT8; 2 where the kernel refused the process AMX's tile state; 3 as
+// vllm_int8_gemm_vnni's.
 int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                        const int8_t* w_packed, int64_t n, const float* row_scales,
                        const float* col_scales, const float* bias, const float* other,
                        int64_t other_row, int mode, const float* norm_w,
-                       const float* norm_b, float eps, float* out, int8_t* q_out,
-                       float* q_scales, int threads) {
+                       const float* norm_b, float eps, uint16_t* bf16_out, float* out,
+                       int8_t* q_out, float* q_scales, int threads) {
 #if !VLLM_INT8_AMX
   return 1;
 #else
   if (!tiles_permitted()) return 2;
+  if (bf16_out && !VLLM_INT8_BF16_OUT) return 3;
   threads = std::max(threads, 1);
   const int64_t kp = (k + 3) / 4 * 4, kq = (k + kTileK - 1) / kTileK * kTileK;
   const int64_t blocks = (n + kBlock - 1) / kBlock, wstride = kp * kBlock;
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
-                                  norm_w, norm_b, eps};
+                                  norm_w, norm_b, eps, bf16_out};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
   const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,

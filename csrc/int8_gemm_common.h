@@ -30,6 +30,9 @@ struct Dequantize {
   const float* norm_w = nullptr;
   const float* norm_b = nullptr;
   float eps = 0.0f;
+  // each finished row rounded to bfloat16 here ([M, N] bits, row stride N) instead of
+  // written as floats (AVX512-BF16 builds only: VLLM_INT8_BF16_OUT); null: floats
+  uint16_t* bf16_out = nullptr;
 };
 
 // Row m's int32 sums of `cols` columns from column c0 (a multiple of 16, so the span's
@@ -46,9 +49,9 @@ inline void store_row(const int32_t* sums, int64_t m, int64_t c0, int cols,
 // The end of a task: rows [r0, r1) of its int32 sums (row stride ld, columns from c0) back
 // to float in out (row stride n); with whole rows (the task has every column), each row
 // layer-normed (dq.norm_w) and quantized for the next projection (q_out) while it is in L1.
-// out null (whole rows and q_out only, see `Floats`): each row's floats live only in a
-// per-thread row, so an MLP's hidden rows that only the down projection reads, quantized,
-// never go to memory.
+// out null (whole rows and q_out or dq.bf16_out only, see `Floats`): each row's floats live
+// only in a per-thread row, so an MLP's hidden rows that only the down projection reads,
+// quantized, never go to memory (nor the float qkv rows an attention would round to bf16).
 inline void finish_rows(const int32_t* sums, int64_t ld, int64_t r0, int64_t r1, int64_t c0,
                         int cols, const Dequantize& dq, float* out, int64_t n,
                         int8_t* q_out, float* q_scales, bool whole_rows) {
@@ -60,24 +63,31 @@ inline void finish_rows(const int32_t* sums, int64_t ld, int64_t r0, int64_t r1,
     if (!whole_rows) continue;
     if (dq.norm_w) int8_dequantize::layer_norm_row(row, n, dq.norm_w, dq.norm_b, dq.eps);
     if (q_out) int8_dequantize::quantize_row(row, n, q_out + r * n, q_scales + r);
+#if VLLM_INT8_BF16_OUT
+    if (dq.bf16_out) int8_dequantize::round_row_bf16(row, n, dq.bf16_out + r * n);
+#endif
   }
 }
 
-// Where tasks split the rows' columns: after them, each row layer-normed (dq.norm_w) and
-// quantized (q_out), in a pass of its own.
+// Where tasks split the rows' columns: after them, each row layer-normed (dq.norm_w),
+// quantized (q_out) and rounded to bf16 (dq.bf16_out), in a pass of its own.
 inline void finish_split_rows(float* out, int64_t m, int64_t n, const Dequantize& dq,
                               int8_t* q_out, float* q_scales, int threads) {
-  if (!dq.norm_w && !q_out) return;
+  if (!dq.norm_w && !q_out && !dq.bf16_out) return;
 #pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static)
   for (int64_t r = 0; r < m; ++r) {
-    if (dq.norm_w) int8_dequantize::layer_norm_row(out + r * n, n, dq.norm_w, dq.norm_b, dq.eps);
-    if (q_out) int8_dequantize::quantize_row(out + r * n, n, q_out + r * n, q_scales + r);
+    float* row = out + r * n;
+    if (dq.norm_w) int8_dequantize::layer_norm_row(row, n, dq.norm_w, dq.norm_b, dq.eps);
+    if (q_out) int8_dequantize::quantize_row(row, n, q_out + r * n, q_scales + r);
+#if VLLM_INT8_BF16_OUT
+    if (dq.bf16_out) int8_dequantize::round_row_bf16(row, n, dq.bf16_out + r * n);
+#endif
   }
 }
 
 // Where a GEMM's floats go: the caller's out, or where that is null (the caller wants only
-// q_out) nowhere when every task has whole rows, else a temporary [m, n] that
-// quantize_all reads after the tasks.
+// q_out or bf16 rows) nowhere when every task has whole rows, else a temporary [m, n] that
+// finish_split_rows reads after the tasks.
 struct Floats {
   std::vector<float> temp;
   float* out;

@@ -194,21 +194,25 @@ int vllm_int8_gemm_vnni_built() { return VLLM_INT8_VNNI; }
 // input, without another pass over out); out may then be null (only q_out is made: the
 // floats are not written). norm_w [n] (or null: none), norm_b [n] (or null), eps: each
 // row of out layer-normed after the epilogue (before its quantization), as
-// torch.nn.LayerNorm(n, eps). Returns 0, or 1 where the build has no AVX512-VNNI.
+// torch.nn.LayerNorm(n, eps). bf16_out [m, n] (or null): the rows rounded to bfloat16 there,
+// out then null (no floats written). Returns 0; 1 where the build has no AVX512-VNNI; 3
+// where bf16_out is asked of a build without AVX512-BF16.
 int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                         const int8_t* w_packed, const int32_t* comp, int64_t n,
                         const float* row_scales, const float* col_scales, const float* bias,
                         const float* other, int64_t other_row, int mode,
-                        const float* norm_w, const float* norm_b, float eps, float* out,
-                        int8_t* q_out, float* q_scales, int threads) {
+                        const float* norm_w, const float* norm_b, float eps,
+                        uint16_t* bf16_out, float* out, int8_t* q_out, float* q_scales,
+                        int threads) {
 #if !VLLM_INT8_VNNI
   return 1;
 #else
+  if (bf16_out && !VLLM_INT8_BF16_OUT) return 3;
   threads = std::max(threads, 1);
   const int64_t kp = (k + 3) / 4 * 4, blocks = (n + kBlock - 1) / kBlock;
   const Operands op{w_packed, comp, kp};
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
-                                  norm_w, norm_b, eps};
+                                  norm_w, norm_b, eps, bf16_out};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
   const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,

@@ -229,6 +229,31 @@ def test_int8_models_run_attention_in_bf16(minilm_dir, shared_llm, monkeypatch, 
     assert cos[True].min() >= 0.99 and cos[True].mean() >= cos[False].mean() - 1e-3, cos
 
 
+def test_int8_bert_hands_its_qkv_over_in_bf16(minilm_dir, monkeypatch):
+    """Where an int8 model's attention rounds q/k/v to bf16 itself and keeps no cache
+    (`Attention.rounds_to_bf16`), BERT's qkv projection rounds them in its own pass
+    (`Linear.forward_bf16`): the same embeddings bit for bit as float32 q/k/v rounded in
+    the kernel, attention output float32."""
+    from vllm import LLM
+    from vllm.model_executor.layers import int8_linear as i8
+    from vllm.model_executor.layers.attention import Attention
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    monkeypatch.setenv("VLLM_CPU_INT8_BF16_ATTENTION", "1")
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+    rng = np.random.default_rng(3)
+    texts = [" ".join(rng.choice(words, n)) for n in (1, 5, 17, 40, 90, 200)]
+    llm = LLM(minilm_dir, quantization="int8")
+    calls, real = [], i8.Int8Gemm.linear_bf16
+    monkeypatch.setattr(i8.Int8Gemm, "linear_bf16",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    handed = [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
+    assert len(calls) == 6  # one per layer: a single step
+    monkeypatch.setattr(Attention, "rounds_to_bf16", lambda self: False)
+    rounded_in_kernel = [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
+    assert len(calls) == 6
+    np.testing.assert_array_equal(np.array(handed), np.array(rounded_in_kernel))
+
+
 def test_qwen3_bf16_prefix_cached_pass_equals_the_first(qwen3_embed_dir, monkeypatch):
     """Causal GQA, head_dim 32: the second pass reads its prefix from the bf16 cache through
     the kernel's key_rows (no fallback to TORCH_SDPA) and equals the first."""

@@ -104,6 +104,19 @@ def test_kernel_layer_norm_in_its_pass(amx_gemm):
 
 
 @needs_amx
+def test_kernel_bfloat16_output(amx_gemm):
+    """`out_dtype=torch.bfloat16`: the floats' `.bfloat16()` bit for bit."""
+    g = torch.Generator().manual_seed(8)
+    for m, k, n in [(400, 100, 1152), (5, 64, 1000)]:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        bias = torch.randn(n, generator=g)
+        got = _run(amx_gemm, a, w, rs, cs, bias, 0, None, out_dtype=torch.bfloat16)
+        assert torch.equal(got, _run(amx_gemm, a, w, rs, cs, bias, 0, None).bfloat16())
+
+
+@needs_amx
 def test_kernel_after_onednn_amx_on_the_same_threads(amx_gemm):
     """oneDNN's AMX kernels (a bf16 GEMM) leave their own tile shapes configured on the
     OpenMP threads; each task configures its own, so the sums stay exact."""

@@ -156,6 +156,25 @@ def test_kernel_layer_norm_in_its_pass(vnni_gemm):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@needs_vnni
+def test_kernel_bfloat16_output(vnni_gemm):
+    """`out_dtype=torch.bfloat16`: the rows rounded in the pass, the floats' `.bfloat16()`
+    bit for bit (whole-row tasks, split ones, a tail of columns); not with `quantized`."""
+    if not cpu_kernels.library().vllm_varlen_attention_bf16_built():
+        pytest.skip("the library was built without AVX512-BF16")
+    g = torch.Generator().manual_seed(8)
+    for m, k, n, mode in [(400, 100, 1152, 0), (5, 64, 1000, 3), (3, 37, 37, 0)]:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        args = (a, i8.pack_avx2(w), i8.column_compensation(w), n, rs, cs,
+                torch.randn(n, generator=g), mode)
+        got = vnni_gemm(*args, out_dtype=torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, vnni_gemm(*args).bfloat16())
+    with pytest.raises(RuntimeError, match="not also quantized"):
+        vnni_gemm(*args, quantized=True, out_dtype=torch.bfloat16)
+
+
 def test_linear_add_norm_on_every_int8_path_and_its_fallbacks(monkeypatch):
     """`Linear.forward_add_norm`: on an int8 GEMM the C++ LayerNorm (fused or after the
     GEMM: the same floats on the oneDNN / AVX2 / VNNI paths); without its kernels, or with a
@@ -193,6 +212,9 @@ def test_linear_add_norm_on_every_int8_path_and_its_fallbacks(monkeypatch):
     rms = nn.RMSNorm(48)  # not a LayerNorm: applied after forward_add
     got, want = run(plain, rms)
     assert torch.equal(got, want)
+    layer = Linear(32, 48)  # forward_bf16 without a kernel to round in: the cast
+    layer.bind(plain)
+    assert torch.equal(layer.forward_bf16(x), layer(x).bfloat16())
 
 
 @needs_vnni

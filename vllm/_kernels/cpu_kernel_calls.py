@@ -8,7 +8,7 @@ releases the GIL for the call.
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -240,13 +240,31 @@ def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: i
     return out
 
 
-def _quantized_out(m: int, n: int, quantized: bool, floats: bool, out: torch.Tensor):
-    """(q_out, q_scales, out pointer) of a fused GEMM asked for its quantized rows; out is
-    not written where `floats` is False (only q_out is wanted)."""
+def _outputs(out: torch.Tensor, m: int, n: int, quantized: bool, floats: bool,
+             out_dtype: torch.dtype) -> tuple[tuple, Callable[[], object]]:
+    """A fused int8 GEMM's output pointers (bf16_out, out, q_out, q_scales) and what it
+    returns after the call: out float32 [m, n]; or bfloat16 [m, n] (out_dtype: each row
+    rounded in the pass, no floats written); or, `quantized`, (out, q_out int8 [m, n],
+    scales [m]), out then a zero-stride stand-in of its shape where not `floats`."""
+    _check(out_dtype in (torch.float32, torch.bfloat16), "out_dtype must be float32 or "
+           "bfloat16")
     _check(floats or quantized, "floats=False needs quantized=True")
+    bf16 = out_dtype == torch.bfloat16
+    _check(not (bf16 and quantized), "a bfloat16 output is not also quantized")
     q_out = torch.empty((m, n), dtype=torch.int8) if quantized else None
     q_scales = torch.empty(m, dtype=torch.float32) if quantized else None
-    return q_out, q_scales, out.data_ptr() if floats else 0
+    rounded = torch.empty((m, n), dtype=torch.bfloat16) if bf16 else None
+    pointers = (rounded.data_ptr() if bf16 else 0, out.data_ptr() if floats and not bf16
+                else 0, q_out.data_ptr() if quantized else 0,
+                q_scales.data_ptr() if quantized else 0)
+
+    def result():
+        if bf16:
+            return rounded
+        if q_out is None:
+            return out
+        return (out if floats else out.new_zeros(n).expand(m, n)), q_out, q_scales
+    return pointers, result
 
 
 def _norm_args(norm: Optional[tuple], n: int) -> tuple:
@@ -263,40 +281,34 @@ def _norm_args(norm: Optional[tuple], n: int) -> tuple:
     return w.data_ptr(), 0 if b is None else b.data_ptr(), float(eps)
 
 
-def _results(out: torch.Tensor, q_out, q_scales, floats: bool):
-    """out, or (out, q_out, q_scales); out is a zero-stride [m, n] view of zeros (its shape
-    only) where the floats were not written."""
-    if q_out is None:
-        return out
-    m, n = q_out.shape
-    return (out if floats else out.new_zeros(n).expand(m, n)), q_out, q_scales
-
-
 def int8_gemm_vnni(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor,
                    comp: torch.Tensor, n: int, row_scales: torch.Tensor,
                    col_scales: torch.Tensor, bias: Optional[torch.Tensor], mode: int,
                    other: Optional[torch.Tensor] = None, quantized: bool = False,
-                   floats: bool = True, norm: Optional[tuple] = None):
+                   floats: bool = True, norm: Optional[tuple] = None,
+                   out_dtype: torch.dtype = torch.float32):
     """As `int8_gemm_avx2` on csrc/int8_gemm_vnni.cpp (AVX512-VNNI): the same packed
     weight, plus comp int32 [ceil(n / 16) * 16], 128 times each column's weight sum.
     `quantized`: (out, q_out [M, n] int8, scales [M]), out's rows as `quantize_rows`
     gives them, made in the same pass; `floats=False` (with `quantized`): out is not
-    written (see `_results`), only the quantized rows are made. `norm` (weight, bias or
-    None, eps): each output row layer-normed after the epilogue, in the same pass."""
+    written (see `_outputs`), only the quantized rows are made. `norm` (weight, bias or
+    None, eps): each output row layer-normed after the epilogue, in the same pass.
+    `out_dtype=torch.bfloat16`: the rows rounded to bfloat16 in the pass (AVX512-BF16
+    builds), as `.to(torch.bfloat16)` would round the floats."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
         q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
-        floats)
+        floats and out_dtype == torch.float32)
     _check(comp.dtype == torch.int32 and comp.is_contiguous() and
            comp.numel() == packed.shape[0] * 16, "comp must be contiguous int32 "
            f"[{packed.shape[0] * 16}]")
-    q_out, q_scales, out_ptr = _quantized_out(m, n, quantized, floats, out)
-    _check(lib.vllm_int8_gemm_vnni(
+    pointers, result = _outputs(out, m, n, quantized, floats, out_dtype)
+    rc = lib.vllm_int8_gemm_vnni(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), comp.data_ptr(), n,
         row_scales.data_ptr(), col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode,
-        *_norm_args(norm, n), out_ptr, q_out.data_ptr() if quantized else 0,
-        q_scales.data_ptr() if quantized else 0, torch.get_num_threads()) == 0,
-        "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
-    return _results(out, q_out, q_scales, floats)
+        *_norm_args(norm, n), *pointers, torch.get_num_threads())
+    _check(rc != 1, "int8_gemm_vnni: the kernel library was built without AVX512-VNNI")
+    _check(rc != 3, "int8_gemm_vnni: a bfloat16 output needs a build with AVX512-BF16")
+    return result()
 
 
 # bytes the AMX kernel may read past a packed weight's end (csrc/int8_gemm_amx.cpp)
@@ -307,23 +319,23 @@ def int8_gemm_amx(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: in
                   row_scales: torch.Tensor, col_scales: torch.Tensor,
                   bias: Optional[torch.Tensor], mode: int,
                   other: Optional[torch.Tensor] = None, quantized: bool = False,
-                  floats: bool = True, norm: Optional[tuple] = None):
+                  floats: bool = True, norm: Optional[tuple] = None,
+                  out_dtype: torch.dtype = torch.float32):
     """As `int8_gemm_vnni` on csrc/int8_gemm_amx.cpp (AMX-INT8 tiles, s8 x s8: no comp);
     packed must have AMX_SLACK readable bytes after it in its storage (`pack_avx2(slack=)`)."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
         q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
-        floats)
+        floats and out_dtype == torch.float32)
     _check(packed.untyped_storage().nbytes() - packed.storage_offset() >=
            packed.numel() + AMX_SLACK, f"packed needs {AMX_SLACK} bytes of slack after it "
            "in its storage (pack_avx2(q, slack=AMX_SLACK))")
-    q_out, q_scales, out_ptr = _quantized_out(m, n, quantized, floats, out)
+    pointers, result = _outputs(out, m, n, quantized, floats, out_dtype)
     rc = lib.vllm_int8_gemm_amx(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
         col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, *_norm_args(norm, n),
-        out_ptr,
-        q_out.data_ptr() if quantized else 0, q_scales.data_ptr() if quantized else 0,
-        torch.get_num_threads())
+        *pointers, torch.get_num_threads())
     _check(rc != 1, "int8_gemm_amx: the kernel library was built without AMX-INT8")
     _check(rc != 2, "int8_gemm_amx: Linux refused this process AMX's tile state "
            "(arch_prctl ARCH_REQ_XCOMP_PERM)")
-    return _results(out, q_out, q_scales, floats)
+    _check(rc != 3, "int8_gemm_amx: a bfloat16 output needs a build with AVX512-BF16")
+    return result()

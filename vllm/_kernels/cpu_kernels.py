@@ -162,14 +162,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_vnni.restype = ctypes.c_int
         lib.vllm_int8_gemm_vnni.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64] +
                                             [_PTR] * 4 + [_I64, ctypes.c_int] + _NORM +
-                                            [_PTR, _PTR, _PTR, ctypes.c_int])
+                                            [_PTR, _PTR, _PTR, _PTR, ctypes.c_int])
     if hasattr(lib, "vllm_int8_gemm_amx"):
         lib.vllm_int8_gemm_amx_built.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx_permitted.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx.restype = ctypes.c_int
         lib.vllm_int8_gemm_amx.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] + [_PTR] * 4 +
                                            [_I64, ctypes.c_int] + _NORM +
-                                           [_PTR, _PTR, _PTR, ctypes.c_int])
+                                           [_PTR, _PTR, _PTR, _PTR, ctypes.c_int])
     return lib
 
 

@@ -68,10 +68,12 @@ class CpuNativeBackend(TorchSdpaBackend):
             return super().forward(layer, q, k, v, meta)  # readers of a bfloat16 cache
         new = None
         pv = getattr(layer, "bf16_pv", False)
+        # a float32 layer's output stays float32, though its q/k/v came rounded to bf16
+        out = torch.float32 if getattr(layer, "bf16_ok", False) else q.dtype
         if s < t:
             off, qkv = data.packed_offsets, (q[s:], k[s:], v[s:])
             if bf16 is not None:  # bfloat16 or float32 q/k/v, as they are
-                new = bf16(*qkv, off, off, _NONE, _NONE, layer.scale, meta.causal, q.dtype,
+                new = bf16(*qkv, off, off, _NONE, _NONE, layer.scale, meta.causal, out,
                            bf16_pv=pv)
             else:
                 new = f32(*(x.float() for x in qkv), off, off, _NONE, _NONE, layer.scale,
@@ -81,7 +83,7 @@ class CpuNativeBackend(TorchSdpaBackend):
         q_off, k_off, slots, tiles = data.readers
         if bf16 is not None:  # the new rows' kernel, on a cache of the model's dtype
             readers = bf16(q[:s].to(cache.dtype), cache[0], cache[1], q_off, k_off, slots,
-                           tiles, layer.scale, meta.causal, q.dtype, bf16_pv=pv)
+                           tiles, layer.scale, meta.causal, out, bf16_pv=pv)
         else:
             readers = f32(q[:s], cache[0], cache[1], q_off, k_off, slots, tiles, layer.scale,
                           meta.causal)

@@ -48,9 +48,16 @@ class Attention(nn.Module):
         self.bf16_ok = False
         self.bf16_pv = False
 
+    def rounds_to_bf16(self) -> bool:
+        """Whether this float32 layer rounds q, k and v to bfloat16 itself (bf16_ok with
+        bf16_pv) and keeps no cache: its q/k/v projection may then hand them over as
+        bfloat16 (`Linear.forward_bf16`), the same values, and the output stays float32."""
+        return self.bf16_ok and self.bf16_pv and self.kv_cache is None
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """q: [T, Hq*D], k/v: [T, Hkv*D] -> [T, Hq*D]."""
+        """q: [T, Hq*D], k/v: [T, Hkv*D] -> [T, Hq*D] (float32 where `rounds_to_bf16` and
+        they came as bfloat16)."""
         t = q.shape[0]
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)

@@ -23,7 +23,9 @@ bit. The VNNI and AMX kernels can also quantize its output rows in that pass (`h
 `linear.mlp_add`), the bytes `quantize_rows` would make of them, and then write no floats
 (the down projection reads only those). A post-LN block's LayerNorm (`linear_add_norm`)
 runs in the VNNI and AMX kernels' pass; the other paths run the same C++ formula after
-their GEMM (`layer_norm`), so every path keeps the same floats.
+their GEMM (`layer_norm`), so every path keeps the same floats. `linear_bf16`: a
+projection rounded to bfloat16 in the kernels' pass, for an attention that rounds its q/k/v
+to bf16 anyway.
 
 Only the backbone's `Linear` layers run in int8 (the model loader binds them); embeddings,
 norms, attention (QK^T, softmax, PV), the pooler and every task head stay float: they are
@@ -259,22 +261,24 @@ class Int8Gemm:
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Int8Weight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False,
-                 norm: Optional[Norm] = None) -> Projected:
+                 norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
         """The int8 GEMM of quantized rows, back to float with the epilogue `mode`, and
         (`keep`, where the GEMM makes it in the same pass) the output's rows quantized.
-        `norm`: only for GEMMs with `fused_norm` (each row layer-normed in the pass)."""
+        `norm`, `bf16`: only for GEMMs with `fused_norm` (each row layer-normed in the
+        pass; rounded to bfloat16 there instead of written as floats)."""
         return self.dequantize(torch._int_mm(q, w.q.t()), scales, w.scale, b, mode,
                                other), None
 
     def _run(self, x: torch.Tensor, w: Int8Weight, b, mode: Optional[str], other=None,
              quantized: Optional[Quantized] = None, keep: bool = False,
-             norm: Optional[Norm] = None) -> Projected:
+             norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
         lead, rows = x.shape[:-1], _rows(x)
         if rows.shape[0] == 0:
-            return x.new_empty(*lead, w.scale.shape[0]), None
+            return x.new_empty(*lead, w.scale.shape[0],
+                               dtype=torch.bfloat16 if bf16 else x.dtype), None
         q, scales = quantized if quantized is not None else self.quantize(rows)
         y, kept = self._project(q, scales, w, b, MODES[mode],
-                                None if other is None else _rows(other), keep, norm)
+                                None if other is None else _rows(other), keep, norm, bf16)
         return y.view(*lead, y.shape[-1]), kept
 
     def _act(self, x, w: Int8Weight, b, activation: Optional[str], quantized=None,
@@ -309,6 +313,15 @@ class Int8Gemm:
         if self.layer_norm is not None and y.dim() == 2 and y.shape[0]:
             return self.layer_norm(y, *norm)
         return F.layer_norm(y, (y.shape[-1],), norm[0], norm[1], norm[2])
+
+    def linear_bf16(self, x, w: Int8Weight, b) -> torch.Tensor:
+        """(x @ w.T + b) rounded to bfloat16, as `.to(torch.bfloat16)` rounds it: rounded in
+        the GEMM's pass where it can (`fused_norm` kernels: no floats written), else after
+        `linear`. For a projection whose only reader rounds to bf16 anyway (an int8
+        model's bf16 attention)."""
+        if self.fused_norm:
+            return self._run(x, w, b, None, bf16=True)[0]
+        return self.linear(x, w, b, None).to(torch.bfloat16)
 
     def linear_mul(self, x, other, w: Int8Weight, b) -> torch.Tensor:
         return self._run(x, w, b, "mul", other)[0]
@@ -349,7 +362,7 @@ class Avx2Int8Gemm(Int8Gemm):
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False,
-                 norm: Optional[Norm] = None) -> Projected:
+                 norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
         """The GEMM and the dequantizing end in one kernel pass (no int32 [M, N] in memory):
         the floats of `dequantize_rows`."""
         return self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other), None
@@ -374,14 +387,16 @@ class VnniInt8Gemm(Avx2Int8Gemm):
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: VnniWeight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False,
-                 norm: Optional[Norm] = None) -> Projected:
+                 norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
         """`keep`: the kernel quantizes each output row while it is in L1 (the down
         projection's input; otherwise a pass over [M, N] floats in memory: MiniLM's [8155,
         1536] hidden rows, 1.5 ms per layer) and writes no floats (the down projection
         reads only the quantized rows): the floats returned are a stand-in with their shape
-        (zero-stride zeros). `norm`: each row layer-normed in the same pass."""
+        (zero-stride zeros). `norm`: each row layer-normed in the same pass; `bf16`: the
+        rows rounded to bfloat16 there."""
         out = self.gemm(q, w.packed, w.comp, w.scale.shape[0], scales, w.scale, b, mode,
-                        other, quantized=keep, floats=not keep, norm=norm)
+                        other, quantized=keep, floats=not keep, norm=norm,
+                        out_dtype=torch.bfloat16 if bf16 else torch.float32)
         return (out[0], out[1:]) if keep else (out, None)
 
 
@@ -403,9 +418,10 @@ class AmxInt8Gemm(Avx2Int8Gemm):
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False,
-                 norm: Optional[Norm] = None) -> Projected:
+                 norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
         out = self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
-                        quantized=keep, floats=not keep, norm=norm)  # as VnniInt8Gemm's
+                        quantized=keep, floats=not keep, norm=norm,  # as VnniInt8Gemm's
+                        out_dtype=torch.bfloat16 if bf16 else torch.float32)
         return (out[0], out[1:]) if keep else (out, None)
 
 

@@ -219,6 +219,16 @@ class Linear(nn.Linear):
         return self.gemm.linear_add_norm(x, residual, self._gemm_weight(), self.bias,
                                          (norm.weight, norm.bias, norm.eps), quantized)
 
+    def forward_bf16(self, x: torch.Tensor) -> torch.Tensor:
+        """forward(x).to(torch.bfloat16), for a projection whose only reader rounds its
+        output to bf16 anyway (an int8 model's bf16 attention: `Attention.rounds_to_bf16`):
+        rounded in the bound GEMM's own pass where it can (int8, the VNNI and AMX kernels:
+        no floats written), the same values."""
+        if hasattr(self.gemm, "linear_bf16") and self.activation is None and \
+                self.lora is None and self.skinny is None:
+            return self.gemm.linear_bf16(x, self._gemm_weight(), self.bias)
+        return self(x).to(torch.bfloat16)
+
     def forward_hidden(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[Quantized]]:
         """An MLP's up projection: forward(x), and where the bound GEMM quantizes its output
         in the same pass (int8, the VNNI and AMX kernels) those rows for the down

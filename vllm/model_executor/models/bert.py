@@ -64,7 +64,8 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata,
                 rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`rows`: keep only these rows after attention (the last layer under CLS/LAST)."""
-        q, k, v = self.qkv(x).split(self.shard_sizes, dim=-1)
+        qkv = self.qkv.forward_bf16(x) if self.attn.rounds_to_bf16() else self.qkv(x)
+        q, k, v = qkv.split(self.shard_sizes, dim=-1)
         attn = self.attn(q, k, v, meta)
         if rows is not None:
             x, attn = x[rows], attn[rows]
