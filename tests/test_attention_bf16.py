@@ -254,6 +254,30 @@ def test_int8_bert_hands_its_qkv_over_in_bf16(minilm_dir, monkeypatch):
     np.testing.assert_array_equal(np.array(handed), np.array(rounded_in_kernel))
 
 
+def test_int8_bert_cross_encoder_with_bf16_qkv(bert_cls_dir, shared_llm, monkeypatch):
+    """A BERT cross-encoder in int8 (CLS pooling: the last layer keeps only the pooled rows
+    after attention) with its qkv handed over in bf16: scores equal to the same engine's
+    with float32 q/k/v rounded in the kernel bit for bit, and near float32's."""
+    from vllm import LLM
+    from vllm.model_executor.layers import int8_linear as i8
+    from vllm.model_executor.layers.attention import Attention
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    monkeypatch.setenv("VLLM_CPU_INT8_BF16_ATTENTION", "1")
+    pairs = [("what is a cat", "a cat is a small furry animal that purrs"),
+             ("capital of france", "paris is the capital of france"),
+             ("how do planes fly", "the stock market fell sharply on monday")]
+    f32 = [o.outputs.score for o in shared_llm(bert_cls_dir).score(*zip(*pairs))]
+    llm = LLM(bert_cls_dir, quantization="int8")
+    calls, real = [], i8.Int8Gemm.linear_bf16
+    monkeypatch.setattr(i8.Int8Gemm, "linear_bf16",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    handed = [o.outputs.score for o in llm.score(*zip(*pairs))]
+    assert calls
+    monkeypatch.setattr(Attention, "rounds_to_bf16", lambda self: False)
+    assert [o.outputs.score for o in llm.score(*zip(*pairs))] == handed
+    np.testing.assert_allclose(handed, f32, atol=0.01)
+
+
 def test_qwen3_bf16_prefix_cached_pass_equals_the_first(qwen3_embed_dir, monkeypatch):
     """Causal GQA, head_dim 32: the second pass reads its prefix from the bf16 cache through
     the kernel's key_rows (no fallback to TORCH_SDPA) and equals the first."""
