@@ -166,12 +166,12 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
                                   norm_w, norm_b, eps, bf16_out};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
-  const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
-  int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,
-                            [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  int8_gemm::run_tasks(m, n, kPanelRows, task_blocks, threads, dq, out, q_out, q_scales,
+                       [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     thread_local std::vector<int8_t> u;
     thread_local std::vector<int32_t> sums;
-    const int64_t padded = (r1 - r0 + 31) / 32 * 32, ld = (b1 - b0) * kBlock;
+    const int64_t padded = (r1 - r0 + 31) / 32 * 32;
+    ld = (b1 - b0) * kBlock;
     u.resize(kPanelRows * kq);
     sums.resize(kPanelRows * task_blocks * kBlock);
     copy_rows(a + r0 * a_row, r1 - r0, k, a_row, kq, padded, u.data());
@@ -184,12 +184,8 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
         else tile_32x<1>(u.data() + r * kq, kq, w, wstride, s, ld);
       }
     }
-    const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
-    int8_gemm::finish_rows(sums.data(), ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n,
-                           q_out, q_scales, task_blocks >= blocks);
+    return static_cast<const int32_t*>(sums.data());
   });
-  if (task_blocks < blocks)  // rows split between tasks: their norm and quantization after
-    int8_gemm::finish_split_rows(floats.out, m, n, dq, q_out, q_scales, threads);
   return 0;
 #endif
 }

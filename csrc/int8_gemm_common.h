@@ -114,6 +114,28 @@ void for_each_panel(int64_t m, int64_t blocks, int64_t panel_rows, int64_t panel
     fn(r0, std::min(m, r0 + panel_rows), b0, std::min(blocks, b0 + panel_blocks));
   }
 }
+
+// A fused int8 GEMM (the VNNI and AMX kernels) over its tasks, with their shared float
+// end: sums(r0, r1, b0, b1, ld) makes one task's int32 sums (rows [r0, r1) x blocks
+// [b0, b1)) and returns them, their row stride in ld; each task's rows then go back to
+// float (finish_rows), and where tasks split the rows' columns, finish_split_rows after
+// them all. out may be null (see `Floats`).
+template <class Sums>
+void run_tasks(int64_t m, int64_t n, int64_t panel_rows, int64_t task_blocks, int threads,
+               const Dequantize& dq, float* out, int8_t* q_out, float* q_scales, Sums sums) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const bool whole_rows = task_blocks >= blocks;
+  const Floats floats(out, m, n, whole_rows);
+  for_each_panel(m, blocks, panel_rows, task_blocks, threads,
+                 [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+    int64_t ld = 0;
+    const int32_t* s = sums(r0, r1, b0, b1, ld);
+    const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
+    finish_rows(s, ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n, q_out, q_scales,
+                whole_rows);
+  });
+  if (!whole_rows) finish_split_rows(floats.out, m, n, dq, q_out, q_scales, threads);
+}
 #endif
 
 }  // namespace int8_gemm

@@ -214,9 +214,8 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
                                   norm_w, norm_b, eps, bf16_out};
   const int64_t task_blocks = panel_blocks(m, blocks, threads);
-  const int8_gemm::Floats floats(out, m, n, task_blocks >= blocks);
-  int8_gemm::for_each_panel(m, blocks, kPanelRows, task_blocks, threads,
-                            [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  int8_gemm::run_tasks(m, n, kPanelRows, task_blocks, threads, dq, out, q_out, q_scales,
+                       [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     // the task's rows shifted to u8 and its int32 sums: buffers in L1 / L2, reused
     thread_local std::vector<uint8_t> u;
     thread_local std::vector<int32_t> sums;
@@ -225,14 +224,9 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
     shift_rows(a + r0 * a_row, r1 - r0, k, a_row, kp, u.data());
     const Panel p{u.data(), sums.data(), (b1 - b0) * kBlock, r0, b0};
     panel_sums(op, p, r1, b1);
-    // whole rows of the task's columns back to float: out and other stream in order; a
-    // task of whole rows quantizes each one while it is in L1
-    const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);
-    int8_gemm::finish_rows(p.sums, p.ld, r0, r1, b0 * kBlock, cols, dq, floats.out, n,
-                           q_out, q_scales, task_blocks >= blocks);
+    ld = p.ld;  // then whole rows of the task's columns back to float, out and other in order
+    return p.sums;
   });
-  if (task_blocks < blocks)  // rows split between tasks: their norm and quantization after
-    int8_gemm::finish_split_rows(floats.out, m, n, dq, q_out, q_scales, threads);
   return 0;
 #endif
 }

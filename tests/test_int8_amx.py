@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 import torch
 
-from test_int8_vnni import _exact_reference_gemm, _exact_sums, _mismatches, \
+from test_int8_vnni import _exact_reference_gemm, _exact_sums, _mismatches, _operands, \
     assert_engine_equal_across_paths, fused_kernel_or_skip
 from vllm._kernels import cpu_kernels
 from vllm.model_executor.layers import int8_linear as i8
@@ -71,9 +71,7 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(amx_gemm):
     g = torch.Generator().manual_seed(2)
     for m, k, n, mode in [(400, 100, 75, 3), (5, 64, 1000, 0), (1, 37, 21, 1),
                           (97, 600, 130, 4)]:
-        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        a, w, rs, cs = _operands(m, k, n, g)
         rs[0] = 0.0
         other = torch.randn(m, n, generator=g) if mode in (1, 2) else None
         bias = torch.randn(n, generator=g) if mode else None
@@ -93,9 +91,7 @@ def test_kernel_layer_norm_in_its_pass(amx_gemm):
     layer_norm = cpu_kernels.int8_layer_norm_kernel()
     g = torch.Generator().manual_seed(6)
     for m, k, n in [(400, 100, 384), (5, 64, 1000)]:
-        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        a, w, rs, cs = _operands(m, k, n, g)
         bias, residual = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
         nw, nb = torch.randn(n, generator=g), torch.randn(n, generator=g)
         plain = _run(amx_gemm, a, w, rs, cs, bias, 1, residual)
@@ -108,9 +104,7 @@ def test_kernel_bfloat16_output(amx_gemm):
     """`out_dtype=torch.bfloat16`: the floats' `.bfloat16()` bit for bit."""
     g = torch.Generator().manual_seed(8)
     for m, k, n in [(400, 100, 1152), (5, 64, 1000)]:
-        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        a, w, rs, cs = _operands(m, k, n, g)
         bias = torch.randn(n, generator=g)
         got = _run(amx_gemm, a, w, rs, cs, bias, 0, None, out_dtype=torch.bfloat16)
         assert torch.equal(got, _run(amx_gemm, a, w, rs, cs, bias, 0, None).bfloat16())

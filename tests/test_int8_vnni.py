@@ -69,9 +69,16 @@ def _exact_sums(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return acc.int()
 
 
-def _run(kernel, a, w, rs, cs, bias, mode, other):
+def _run(kernel, a, w, rs, cs, bias, mode, other, **kw):
     return kernel(a, i8.pack_avx2(w), i8.column_compensation(w), w.shape[0], rs, cs, bias,
-                  mode, other)
+                  mode, other, **kw)
+
+
+def _operands(m: int, k: int, n: int, g: torch.Generator) -> tuple:
+    """Random int8 a [m, k], w [n, k] and small positive row / column scales."""
+    a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    return a, w, torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
 
 
 def _mismatches(run: Callable, shapes, g: torch.Generator) -> list:
@@ -115,9 +122,7 @@ def test_kernel_quantized_output_is_quantize_rows_of_its_floats(vnni_gemm):
     g = torch.Generator().manual_seed(2)
     for m, k, n, mode in [(400, 100, 75, 3), (5, 64, 1000, 0), (1, 37, 21, 1),
                           (97, 600, 130, 4), (3, 40, 17, 0)]:
-        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        a, w, rs, cs = _operands(m, k, n, g)
         rs[0] = 0.0  # a row of zeros: scale 0, q 0
         other = torch.randn(m, n, generator=g) if mode in (1, 2) else None
         bias = torch.randn(n, generator=g) if mode else None
@@ -143,14 +148,11 @@ def test_kernel_layer_norm_in_its_pass(vnni_gemm):
     layer_norm = cpu_kernels.int8_layer_norm_kernel()
     g = torch.Generator().manual_seed(6)
     for m, k, n, with_bias in [(400, 100, 384, True), (5, 64, 1000, True), (97, 600, 75, False)]:
-        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+        a, w, rs, cs = _operands(m, k, n, g)
         bias, residual = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
         nw, nb = torch.randn(n, generator=g), torch.randn(n, generator=g) if with_bias else None
-        args = (a, i8.pack_avx2(w), i8.column_compensation(w), n, rs, cs, bias, 1, residual)
-        plain = vnni_gemm(*args)
-        got = vnni_gemm(*args, norm=(nw, nb, 1e-5))
+        plain = _run(vnni_gemm, a, w, rs, cs, bias, 1, residual)
+        got = _run(vnni_gemm, a, w, rs, cs, bias, 1, residual, norm=(nw, nb, 1e-5))
         assert torch.equal(got, layer_norm(plain, nw, nb, 1e-5)), (m, k, n)
         want = F.layer_norm(plain, (n,), nw, nb, 1e-5)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -160,19 +162,16 @@ def test_kernel_layer_norm_in_its_pass(vnni_gemm):
 def test_kernel_bfloat16_output(vnni_gemm):
     """`out_dtype=torch.bfloat16`: the rows rounded in the pass, the floats' `.bfloat16()`
     bit for bit (whole-row tasks, split ones, a tail of columns); not with `quantized`."""
-    if not cpu_kernels.library().vllm_varlen_attention_bf16_built():
-        pytest.skip("the library was built without AVX512-BF16")
+    if not cpu_kernels.BF16_FLAGS <= cpu_kernels.cpu_flags():  # else the build must have it
+        pytest.skip("this CPU has no AVX512-BF16")
     g = torch.Generator().manual_seed(8)
     for m, k, n, mode in [(400, 100, 1152, 0), (5, 64, 1000, 3), (3, 37, 37, 0)]:
-        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        rs, cs = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
-        args = (a, i8.pack_avx2(w), i8.column_compensation(w), n, rs, cs,
-                torch.randn(n, generator=g), mode)
-        got = vnni_gemm(*args, out_dtype=torch.bfloat16)
-        assert got.dtype == torch.bfloat16 and torch.equal(got, vnni_gemm(*args).bfloat16())
+        a, w, rs, cs = _operands(m, k, n, g)
+        args = (vnni_gemm, a, w, rs, cs, torch.randn(n, generator=g), mode, None)
+        got = _run(*args, out_dtype=torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, _run(*args).bfloat16())
     with pytest.raises(RuntimeError, match="not also quantized"):
-        vnni_gemm(*args, quantized=True, out_dtype=torch.bfloat16)
+        _run(*args, quantized=True, out_dtype=torch.bfloat16)
 
 
 def test_linear_add_norm_on_every_int8_path_and_its_fallbacks(monkeypatch):

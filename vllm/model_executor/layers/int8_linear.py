@@ -41,6 +41,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from vllm.model_executor.layers.int8_weights import (  # noqa: F401  (re-exported)
+    Avx2Weight, Int8Weight, VnniWeight, column_compensation, pack_avx2, quantize_weight)
 from vllm.model_executor.layers.linear import Quantized
 from vllm.model_executor.layers.skinny_gemm import MODES
 
@@ -55,58 +57,6 @@ _TORCH_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 Projected = tuple[torch.Tensor, Optional[Quantized]]
 # a LayerNorm after a projection: (weight [N], bias [N] or None, eps)
 Norm = tuple[torch.Tensor, Optional[torch.Tensor], float]
-
-
-class Int8Weight(NamedTuple):
-    q: torch.Tensor      # [N, K] int8
-    scale: torch.Tensor  # [N] float32
-
-
-def quantize_weight(weight: torch.Tensor) -> Int8Weight:
-    """Per output channel, symmetric: scale = max|W[n, :]| / 127 (a zero row keeps 0)."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1) / 127.0
-    q = torch.round(w / scale.clamp_min(1e-30)[:, None]).clamp_(-127, 127).to(torch.int8)
-    return Int8Weight(q.contiguous(), scale.contiguous())
-
-
-class Avx2Weight(NamedTuple):
-    """An int8 weight in the AVX2 kernel's layout (`pack_avx2`)."""
-    packed: torch.Tensor  # [ceil(N / 16), ceil(K / 4), 16, 4] int8
-    scale: torch.Tensor   # [N] float32
-
-
-class VnniWeight(NamedTuple):
-    """An int8 weight in the VNNI kernel's layout: the AVX2 kernel's and its compensation."""
-    packed: torch.Tensor  # [ceil(N / 16), ceil(K / 4), 16, 4] int8
-    comp: torch.Tensor    # [ceil(N / 16) * 16] int32: 128 * sum_k q[n, k] (0 past N)
-    scale: torch.Tensor   # [N] float32
-
-
-def column_compensation(q: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """128 * sum_k q[n, k] per output column, padded with 0 to whole blocks: what the VNNI
-    kernel's u8 activations (a + 128) add to each column's sum, taken back out there."""
-    n, k = q.shape
-    if 128 * 127 * k >= 2 ** 31:
-        raise ValueError(f"int8 weight of {k} inputs: its compensation overflows int32")
-    comp = torch.zeros(-(-n // block) * block, dtype=torch.int32)
-    comp[:n] = q.sum(dim=1, dtype=torch.int32) * 128
-    return comp
-
-
-def pack_avx2(q: torch.Tensor, block: int = 16, slack: int = 0) -> torch.Tensor:
-    """q [N, K] int8 in [-127, 127] as csrc/int8_gemm_avx2.cpp reads it: blocks of `block`
-    output columns, each [ceil(K / 4)][block][4] (4 consecutive k of a column side by side),
-    columns past N and k past K zero. `slack`: zero bytes after it in its storage (the AMX
-    kernel's last tile may read on past the end)."""
-    n, k = q.shape
-    n_pad, k_pad = -(-n // block) * block, -(-k // 4) * 4
-    padded = torch.zeros((n_pad, k_pad), dtype=torch.int8)
-    padded[:n, :k] = q
-    packed = padded.view(n_pad // block, block, k_pad // 4, 4).permute(0, 2, 1, 3)
-    storage = torch.zeros(packed.numel() + slack, dtype=torch.int8)
-    storage[:packed.numel()].view(packed.shape).copy_(packed)
-    return storage[:packed.numel()].view(packed.shape)
 
 
 # /proc/cpuinfo flag -> name: the int8 dot products oneDNN's int8 GEMM needs to be exact
