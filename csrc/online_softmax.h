@@ -17,7 +17,9 @@
 namespace varlen {
 
 // A block's per-row softmax state ([BQ] each, BQ a multiple of W): running max m and sum
-// l, the keys each row sees in this key block (valid), and scratch.
+// l ([BQ][W]: W partial sums a row, added up once, by row_sum, when the row is done; a
+// horizontal add per row and block cost the bf16 kernel ~8%), the keys each row sees in
+// this key block (valid), and scratch.
 struct SoftmaxRows {
   float* m;
   float* l;
@@ -26,36 +28,34 @@ struct SoftmaxRows {
   float* corr;
 };
 
-// Scores s[r * stride + j] (times `scale`) of rows 0 .. rows - 1 (rows <= BQ) against this
-// key block's first `cols` keys become weights: emit(r, u, e) stores row r's u-th vector of
-// weights e (0 past valid[r]) where P*V reads them and returns the values it stored, whose
-// sum joins l; clear(r) zeroes a row that sees no key here. Each row's accumulator
-// acc[r * d : (r + 1) * d] is rescaled to the new max.
-template <bool SCALED, class Emit, class Clear>
+// Scores s[r * stride + j] of rows 0 .. rows - 1 (rows <= BQ) against this key block's
+// first `cols` keys become weights exp(scale * (s - m)), m the row's running max of the
+// unscaled scores (scale > 0): emit(r, u, e) stores row r's u-th vector of weights e (0 past
+// valid[r]) where P*V reads them and returns the values it stored, whose sum joins l;
+// clear(r) zeroes a row that sees no key here. Each row's accumulator acc[r * d : (r + 1) *
+// d] is rescaled to the new max. The weights are 2^((s - m) * scale * log2 e), the scale
+// folded into the base change; COARSE: for weights emit rounds to bfloat16, from one FMA
+// and a degree-4 exp2 (simd.h).
+template <bool COARSE, class Emit, class Clear>
 inline void online_softmax(const float* s, int stride, int rows, int cols, float scale,
                            const SoftmaxRows st, float* acc, int d, Emit emit, Clear clear) {
   using simd::vf;
   using simd::W;
   const int n = (cols + W - 1) / W;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const vf vs = simd::set1(scale);
-  auto score = [&](const float* x, int u) {
-    const vf v = simd::load(x + W * u);
-    return SCALED ? simd::mul(v, vs) : v;
-  };
+  const float c = scale * 1.44269504088896341f;
+  const vf vc = simd::set1(c);
   for (int r = 0; r < rows; ++r) {  // pass 1: each row's new running max
     const float* x = s + r * stride;
     const int valid = st.valid[r];
     vf vmax = simd::set1(neg_inf);
-    for (int u = 0; u < n; ++u) {
-      const vf v = simd::load_first(x + W * u, valid - W * u, neg_inf);
-      vmax = simd::max(vmax, SCALED ? simd::mul(v, vs) : v);
-    }
+    for (int u = 0; u < n; ++u)
+      vmax = simd::max(vmax, simd::load_first(x + W * u, valid - W * u, neg_inf));
     st.m_new[r] = valid > 0 ? std::max(st.m[r], simd::reduce_max(vmax)) : st.m[r];
   }
   for (int r = 0; r < rows; r += W) {  // pass 2: the factors, W rows per exp (m = -inf: 0)
     const vf old = simd::load(st.m + r);
-    const vf keep = simd::exp(simd::sub(old, simd::load(st.m_new + r)));
+    const vf keep = simd::exp2(simd::mul(simd::sub(old, simd::load(st.m_new + r)), vc));
     const vf was_empty = simd::sub(old, simd::set1(-FLT_MAX));  // < 0 only where old = -inf
     simd::store(st.corr + r, simd::select_negative(was_empty, simd::zero(), keep));
   }
@@ -66,19 +66,25 @@ inline void online_softmax(const float* s, int stride, int rows, int cols, float
       continue;
     }
     const float* x = s + r * stride;
-    const vf vmx = simd::set1(st.m_new[r]);
+    const vf vmx = simd::set1(st.m_new[r]), vmc = simd::set1(-st.m_new[r] * c);
     vf vsum = simd::zero();
     for (int u = 0; u < n; ++u) {
-      const vf e = simd::keep_first(simd::exp(simd::sub(score(x, u), vmx)), valid - W * u);
-      vsum = simd::add(vsum, emit(r, u, e));
+      const vf v = simd::load(x + W * u);
+      const vf e = COARSE ? simd::exp2<4>(simd::fmadd(v, vc, vmc))
+                          : simd::exp2(simd::mul(simd::sub(v, vmx), vc));
+      vsum = simd::add(vsum, emit(r, u, simd::keep_first(e, valid - W * u)));
     }
-    const float corr = st.corr[r];
-    st.l[r] = st.l[r] * corr + simd::reduce_add(vsum);
-    st.m[r] = st.m_new[r];
-    if (corr != 1.0f)
-      for (int e = 0; e < d; e += W)
-        simd::store(acc + r * d + e, simd::mul(simd::load(acc + r * d + e), simd::set1(corr)));
+    const vf corr = simd::set1(st.corr[r]);  // rescaled unconditionally: a branch on
+    simd::store(st.l + r * W, simd::fmadd(simd::load(st.l + r * W), corr, vsum));  // corr
+    st.m[r] = st.m_new[r];                   // == 1 mispredicts about every other block
+    for (int e = 0; e < d; e += W)
+      simd::store(acc + r * d + e, simd::mul(simd::load(acc + r * d + e), corr));
   }
+}
+
+// Row r's sum of weights (its W partial sums added up).
+inline float row_sum(const SoftmaxRows& st, int r) {
+  return simd::reduce_add(simd::load(st.l + r * simd::W));
 }
 
 }  // namespace varlen

@@ -201,6 +201,33 @@ inline vf exp(vf x) {
   return pow2n(p, n);
 }
 
+// 2^x for x <= 0 (x below -126 gives 2^-126): 2^n * 2^r, n = round(x), |r| <= 1/2, 2^r a
+// polynomial fitted for least maximum relative error on [-1/2, 1/2]: degree 6 is as exact
+// as float32 evaluation allows (1.0e-7); degree 4 (2.7e-6) is for values rounded to
+// bfloat16 next (2^-9), where it moves one rounding in ~700 by one bf16 step.
+template <int DEG = 6>
+inline vf exp2(vf x) {
+  static_assert(DEG == 4 || DEG == 6, "exp2: degree 4 or 6");
+  x = max(x, set1(-126.0f));
+  const vf n = round(x);
+  const vf r = sub(x, n);
+  vf p;
+  if (DEG == 6) {
+    p = fmadd(set1(1.534579205e-4f), r, set1(1.339992974e-3f));
+    p = fmadd(p, r, set1(9.618489072e-3f));
+    p = fmadd(p, r, set1(5.550328642e-2f));
+    p = fmadd(p, r, set1(2.402264625e-1f));
+    p = fmadd(p, r, set1(6.931471825e-1f));
+    p = fmadd(p, r, set1(1.0f));
+  } else {
+    p = fmadd(set1(9.570068680e-3f), r, set1(5.591780692e-2f));
+    p = fmadd(p, r, set1(2.402474433e-1f));
+    p = fmadd(p, r, set1(6.931218505e-1f));
+    p = fmadd(p, r, set1(9.999992847e-1f));
+  }
+  return pow2n(p, n);
+}
+
 // erf(x): Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
 inline vf erf(vf x) {
   const vf ax = abs(x);

@@ -60,7 +60,7 @@ struct Scratch {
     s.resize(BQ * BK);
     acc.resize(BQ * d);
     m.resize(BQ);
-    l.resize(BQ);
+    l.resize(BQ * simd::W);
     m_new.resize(BQ);
     corr.resize(BQ);
     valid.resize(BQ);
@@ -70,26 +70,41 @@ struct Scratch {
   }
 };
 
-// S[0:4 rows][0:cols rounded up to NC * W] = qs[rows] . Kt[:, 0:...]   (qs pre-scaled)
-PART void scores_4rows(const float* qs, const float* kt, int d, int cols, float* s) {
-  for (int kc = 0; kc < cols; kc += NC * W) {
-    vf c[4][NC];
-    for (int r = 0; r < 4; ++r)
-      for (int u = 0; u < NC; ++u) c[r][u] = simd::zero();
-    for (int e = 0; e < d; ++e) {
-      const float* row = kt + e * BK + kc;
-      vf kv[NC];
-      for (int u = 0; u < NC; ++u) {
-        kv[u] = simd::load(row + W * u);
-        simd::in_register(kv[u]);
-      }
-      for (int r = 0; r < 4; ++r) {
-        const vf qv = simd::set1(qs[r * d + e]);
-        for (int u = 0; u < NC; ++u) c[r][u] = simd::fmadd(qv, kv[u], c[r][u]);
-      }
+// S[0:4 rows][kc:kc + N * W] = qs[rows] . Kt[:, kc:...]   (qs pre-scaled; N fixed at
+// compile time so the 4 x N accumulators stay in registers)
+template <int N>
+inline void scores_chunk(const float* qs, const float* kt, int d, int kc, float* s) {
+  vf c[4][N];
+  for (int r = 0; r < 4; ++r)
+    for (int u = 0; u < N; ++u) c[r][u] = simd::zero();
+  for (int e = 0; e < d; ++e) {
+    const float* row = kt + e * BK + kc;
+    vf kv[N];
+    for (int u = 0; u < N; ++u) {
+      kv[u] = simd::load(row + W * u);
+      simd::in_register(kv[u]);
     }
-    for (int r = 0; r < 4; ++r)
-      for (int u = 0; u < NC; ++u) simd::store(s + r * BK + kc + W * u, c[r][u]);
+    for (int r = 0; r < 4; ++r) {
+      const vf qv = simd::set1(qs[r * d + e]);
+      for (int u = 0; u < N; ++u) c[r][u] = simd::fmadd(qv, kv[u], c[r][u]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int u = 0; u < N; ++u) simd::store(s + r * BK + kc + W * u, c[r][u]);
+}
+
+// S[0:4 rows][0:cols rounded up to W]: NC key vectors at a time, the tail in as few as
+// cover it (a short sequence's only block is mostly tail: scoring all 64 keys of it cost
+// MiniLM's attention a fifth of its score FMAs).
+PART void scores_4rows(const float* qs, const float* kt, int d, int cols, float* s) {
+  int kc = 0;
+  for (; kc + NC * W <= cols; kc += NC * W) scores_chunk<NC>(qs, kt, d, kc, s);
+  switch ((cols - kc + W - 1) / W) {
+    case 0: break;
+    case 1: scores_chunk<1>(qs, kt, d, kc, s); break;
+    case 2: scores_chunk<2>(qs, kt, d, kc, s); break;
+    case 3: scores_chunk<3>(qs, kt, d, kc, s); break;
+    default: scores_chunk<NC>(qs, kt, d, kc, s); break;
   }
 }
 
@@ -198,7 +213,7 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
       }
     }
     for (int r = 0; r < rows; ++r) {
-      const float inv = 1.0f / sc.l[r];
+      const float inv = 1.0f / varlen::row_sum(sc.rows(), r);
       const float* a = sc.acc.data() + r * d;
       float* o = out + (q_start + i0 + r) * out_row + head * d;
       for (int e = 0; e < d; ++e) o[e] = a[e] * inv;

@@ -19,6 +19,7 @@
 //   instructions. The row sums l are then taken over the *rounded* weights, so the weights
 //   that multiply V still sum to 1 and the output stays a convex combination of V rows,
 //   off by at most ~2^-7 max|v|.
+//   Weights about to be rounded so coarsely come from a degree-4 exp2 (simd.h), 2.7e-6 off.
 //
 // The pairs must be adjacent in memory, so the operands are re-laid once per call, per
 // (key/value head, distinct 64-key tile), into:
@@ -75,10 +76,13 @@ struct Scratch {
     s.resize(BQ * BK);
     acc.resize(BQ * d);
     m.resize(BQ);
-    l.resize(BQ);
+    l.resize(BQ * simd::W);
     m_new.resize(BQ);
     corr.resize(BQ);
     valid.resize(BQ);
+  }
+  varlen::SoftmaxRows rows() {
+    return {m.data(), l.data(), valid.data(), m_new.data(), corr.data()};
   }
 };
 
@@ -95,26 +99,37 @@ inline __m512 from_bf16(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
-// S[0:4 rows][0:BK] = qs[rows] . K tile (unscaled): d/2 steps of 4 loads, 4 broadcasts,
-// 16 vdpbf16ps into 16 accumulators.
-inline void scores_4rows(const bf16* qs, const bf16* kt, int d, float* s) {
-  __m512 c[4][4];
+// S[0:4 rows][0:16 N] = qs[rows] . K tile (unscaled): d/2 steps of N loads,
+// 4 broadcasts, 4 N vdpbf16ps into 4 N accumulators (N fixed at compile time).
+template <int N>
+inline void scores_chunk(const bf16* qs, const bf16* kt, int d, float* s) {
+  __m512 c[4][N];
   for (int r = 0; r < 4; ++r)
-    for (int u = 0; u < 4; ++u) c[r][u] = _mm512_setzero_ps();
+    for (int u = 0; u < N; ++u) c[r][u] = _mm512_setzero_ps();
   for (int e = 0; e < d; e += 2) {
     const bf16* row = kt + e * BK;  // pair e / 2: BK keys x 2 dims
-    __m512bh kv[4];
-    for (int u = 0; u < 4; ++u) {
+    __m512bh kv[N];
+    for (int u = 0; u < N; ++u) {
       kv[u] = load_bh(row + 32 * u);
       simd::in_register(kv[u]);
     }
     for (int r = 0; r < 4; ++r) {
       const __m512bh qv = pair(qs + r * d + e);
-      for (int u = 0; u < 4; ++u) c[r][u] = _mm512_dpbf16_ps(c[r][u], qv, kv[u]);
+      for (int u = 0; u < N; ++u) c[r][u] = _mm512_dpbf16_ps(c[r][u], qv, kv[u]);
     }
   }
   for (int r = 0; r < 4; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_storeu_ps(s + r * BK + 16 * u, c[r][u]);
+    for (int u = 0; u < N; ++u) _mm512_storeu_ps(s + r * BK + 16 * u, c[r][u]);
+}
+
+// S[0:4 rows][0:cols rounded up to 16]: a short tile's keys past that are not scored.
+inline void scores_4rows(const bf16* qs, const bf16* kt, int d, int cols, float* s) {
+  switch ((cols + 15) / 16) {
+    case 1: scores_chunk<1>(qs, kt, d, s); break;
+    case 2: scores_chunk<2>(qs, kt, d, s); break;
+    case 3: scores_chunk<3>(qs, kt, d, s); break;
+    default: scores_chunk<4>(qs, kt, d, s); break;
+  }
 }
 
 // acc[0:4 rows][dc:dc + 16 N] += P[rows][0:cols] . V tile[0:cols][dc:...], a pair of keys
@@ -281,8 +296,7 @@ inline void softmax_block(Scratch& sc, int rows, int rows4, int cols, int64_t kb
   }
   float* s = sc.s.data();
   bf16* p = sc.p.data();
-  const varlen::SoftmaxRows st{sc.m.data(), sc.l.data(), sc.valid.data(), sc.m_new.data(),
-                               sc.corr.data()};
+  const varlen::SoftmaxRows st = sc.rows();
   if (bf16_p)
     varlen::online_softmax<true>(
         s, BK, rows4, cols, scale, st, sc.acc.data(), d,
@@ -293,7 +307,7 @@ inline void softmax_block(Scratch& sc, int rows, int rows4, int cols, int64_t kb
         },
         [&](int r) { std::fill(p + r * BK, p + (r + 1) * BK, bf16(0)); });
   else
-    varlen::online_softmax<true>(
+    varlen::online_softmax<false>(
         s, BK, rows4, cols, scale, st, sc.acc.data(), d,
         [&](int r, int u, __m512 e) {
           _mm512_storeu_ps(s + r * BK + 16 * u, e);
@@ -320,7 +334,7 @@ void attend_item(const Query& q, const Tiles& tiles, const Out& out, int64_t q_s
       const int cols = (int)std::min<int64_t>(BK, kv_end - kb);
       const int64_t at = tiles.at(kb / BK, d);
       for (int r = 0; r < rows4; r += 4)
-        scores_4rows(sc.qs.data() + r * d, tiles.kt + at, d, sc.s.data() + r * BK);
+        scores_4rows(sc.qs.data() + r * d, tiles.kt + at, d, cols, sc.s.data() + r * BK);
       softmax_block(sc, rows, rows4, cols, kb, past + i0, causal, scale, d, tiles.bf16_p);
       const PvArgs pv{sc, tiles.v_at(at), tiles.bf16_p, cols, d, rows4};
       for (int dc = 0; dc < d; dc += NV * 16) {
@@ -329,7 +343,7 @@ void attend_item(const Query& q, const Tiles& tiles, const Out& out, int64_t q_s
       }
     }
     for (int r = 0; r < rows; ++r)
-      store_row(out, q_start + i0 + r, head, sc.acc.data() + r * d, sc.l[r], d);
+      store_row(out, q_start + i0 + r, head, sc.acc.data() + r * d, varlen::row_sum(sc.rows(), r), d);
   }
 }
 
