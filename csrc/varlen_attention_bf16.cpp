@@ -243,8 +243,11 @@ inline void round_16(const float* x, bf16* out) {
 
 // d elements of a bf16 or float32 row (d % 16 == 0) as bf16.
 inline void row_bf16(const void* src, bool f32, int64_t d, bf16* out) {
-  if (!f32) {
-    std::memcpy(out, src, d * sizeof(bf16));
+  if (!f32) {  // 32 bytes at a time: a memcpy call per 64-byte row cost ~3%
+    for (int64_t e = 0; e < d; e += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + e),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                              static_cast<const bf16*>(src) + e)));
     return;
   }
   for (int64_t e = 0; e < d; e += 16) round_16(static_cast<const float*>(src) + e, out + e);
