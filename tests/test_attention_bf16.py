@@ -77,7 +77,8 @@ def _assert_close(got, want, v, out_dtype, bf16_pv):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("bf16_pv", [False, True])
 def test_ragged_gqa_matches_float64(kernel, head_dim, causal, bf16_pv):
-    lengths = [1, 7, 64, 65, 130, 300]
+    # last key blocks of every length class of 16 (keys past a block's end are not scored)
+    lengths = [1, 7, 17, 33, 50, 64, 65, 127, 130, 300]
     q, k, v = _qkv(lengths, 4, 2, head_dim, seed=head_dim + causal)
     off = torch.tensor(np.cumsum([0] + lengths))
     scale = head_dim ** -0.5

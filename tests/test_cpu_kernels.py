@@ -41,7 +41,8 @@ def _reference(q, k, v, lengths, causal, scale):
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_matches_sdpa(kernel, head_dim, causal):
     g = torch.Generator().manual_seed(head_dim + causal)
-    lengths = [1, 7, 64, 65, 130, 300]
+    # last key blocks of every length class of 16 (keys past a block's end are not scored)
+    lengths = [1, 7, 17, 33, 50, 64, 65, 127, 130, 300]
     t, hq, hkv = sum(lengths), 4, 2
     # q, k, v as strided views of one fused projection output, as the models produce
     qkv = torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g) * 2
