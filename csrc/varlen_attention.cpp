@@ -3,10 +3,10 @@
 // torch's CPU SDPA multiplies its tiles through the BLAS sgemm; with head_dim 32-128 and
 // sequences of a few hundred tokens that is far from the FMA peak. This kernel transposes
 // the keys once per call (in tiles of 64 keys, W x W blocks in registers), then runs one
-// (sequence, head) per work item: scores as 4-query x (NC vectors of keys) register tiles
-// of FMAs, an online (flash-style) softmax over key blocks of 64 (in passes over the
-// block's rows), and P*V as 4-query x (NV vectors of dims) tiles. The vector width (16
-// lanes on AVX-512, 8 on AVX2) is fixed at compile time
+// (sequence, head) per work item: scores as RT-query x (NC vectors of keys) register
+// tiles of FMAs, an online (flash-style) softmax over key blocks of 64 (in passes over the
+// block's rows), and P*V as RT-query x (NV vectors of dims) tiles (RT: 4 on AVX-512, 6 on
+// AVX2). The vector width (16 lanes on AVX-512, 8 on AVX2) is fixed at compile time
 // (simd.h); the tile shapes keep the accumulators within the 32 / 16 vector registers.
 //
 // q: [Tq, Hq, D], k/v: [Tk, Hkv, D] (any row and head strides, unit stride in D);
@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -45,11 +46,17 @@ using simd::W;
 // micro-tiles' accumulators (AVX2, 16 registers: 0.75x; AVX-512: 0.9x).
 #define PART __attribute__((noinline))
 
-constexpr int BQ = 32;                 // query rows per block (8 micro-tiles of 4)
+constexpr int BQ = 32;                 // query rows per block
 constexpr int BK = varlen::BK;         // keys per block
 constexpr int NC = W == 16 ? 4 : 2;    // key vectors per score micro-tile
 constexpr int NVMAX = W == 16 ? 4 : 2; // dim vectors per P*V micro-tile (AVX2: 3 was
                                        // 5% / 19% slower on d = 32 / 64)
+// Query rows per micro-tile: RT while that many are left, then 4, then 2 (rows come in
+// fours). AVX2: 6 rows x 2 vectors = 12 accumulators, so 4-cycle FMAs at 2 a cycle have
+// slack (4 x 2 = 8 left none): 1.12x / 1.17x at head_dim 64 / 128, 1.0x at 32; AVX-512
+// keeps 4-row tiles of up to 16 accumulators.
+constexpr int RT = W == 8 ? 6 : 4;
+inline int tile_rows(int left) { return left >= RT ? RT : left >= 4 ? 4 : 2; }
 
 // Per-thread scratch for one (sequence, head) item.
 struct Scratch {
@@ -70,12 +77,12 @@ struct Scratch {
   }
 };
 
-// S[0:4 rows][kc:kc + N * W] = qs[rows] . Kt[:, kc:...]   (qs pre-scaled; N fixed at
-// compile time so the 4 x N accumulators stay in registers)
-template <int N>
+// S[0:R rows][kc:kc + N * W] = qs[rows] . Kt[:, kc:...]   (qs pre-scaled; R and N fixed
+// at compile time so the R x N accumulators stay in registers)
+template <int R, int N>
 inline void scores_chunk(const float* qs, const float* kt, int d, int kc, float* s) {
-  vf c[4][N];
-  for (int r = 0; r < 4; ++r)
+  vf c[R][N];
+  for (int r = 0; r < R; ++r)
     for (int u = 0; u < N; ++u) c[r][u] = simd::zero();
   for (int e = 0; e < d; ++e) {
     const float* row = kt + e * BK + kc;
@@ -84,76 +91,109 @@ inline void scores_chunk(const float* qs, const float* kt, int d, int kc, float*
       kv[u] = simd::load(row + W * u);
       simd::in_register(kv[u]);
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       const vf qv = simd::set1(qs[r * d + e]);
       for (int u = 0; u < N; ++u) c[r][u] = simd::fmadd(qv, kv[u], c[r][u]);
     }
   }
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < R; ++r)
     for (int u = 0; u < N; ++u) simd::store(s + r * BK + kc + W * u, c[r][u]);
 }
 
-// S[0:4 rows][0:cols rounded up to W]: NC key vectors at a time, the tail in as few as
+// S[0:R rows][0:cols rounded up to W]: NC key vectors at a time, the tail in as few as
 // cover it (a short sequence's only block is mostly tail: scoring all 64 keys of it cost
-// MiniLM's attention a fifth of its score FMAs).
-PART void scores_4rows(const float* qs, const float* kt, int d, int cols, float* s) {
+// MiniLM's attention 5%).
+template <int R>
+inline void scores_rows(const float* qs, const float* kt, int d, int cols, float* s) {
   int kc = 0;
-  for (; kc + NC * W <= cols; kc += NC * W) scores_chunk<NC>(qs, kt, d, kc, s);
+  for (; kc + NC * W <= cols; kc += NC * W) scores_chunk<R, NC>(qs, kt, d, kc, s);
   switch ((cols - kc + W - 1) / W) {
     case 0: break;
-    case 1: scores_chunk<1>(qs, kt, d, kc, s); break;
-    case 2: scores_chunk<2>(qs, kt, d, kc, s); break;
-    case 3: scores_chunk<3>(qs, kt, d, kc, s); break;
-    default: scores_chunk<NC>(qs, kt, d, kc, s); break;
+    case 1: scores_chunk<R, 1>(qs, kt, d, kc, s); break;
+    case 2: scores_chunk<R, 2>(qs, kt, d, kc, s); break;
+    case 3: scores_chunk<R, 3>(qs, kt, d, kc, s); break;
+    default: scores_chunk<R, NC>(qs, kt, d, kc, s); break;
   }
+}
+
+// The scores of tile_rows(left) rows (returned).
+PART int scores_block(const float* qs, const float* kt, int d, int cols, float* s, int left) {
+  const int rows = tile_rows(left);
+  if (rows == RT) scores_rows<RT>(qs, kt, d, cols, s);
+  else if (rows == 4) scores_rows<4>(qs, kt, d, cols, s);
+  else scores_rows<2>(qs, kt, d, cols, s);
+  return rows;
 }
 
 // Where the keys of one sequence live: logical key j is row rows[j] of k/v (rows == nullptr:
 // row base + j), and its 64-key tile t is transposed at tiles + tile[t] * d * BK.
 struct Keys {
-  const int64_t* rows;
-  int64_t base;
-  const float* tiles;
+  const float* tiles;   // K tiles, transposed: [D][BK] each
+  const float* vtiles;  // V tiles, [BK][D] each (the rows copied together), or null
   const int64_t* tile;
   int64_t tile_base;
-  int64_t row(int64_t j) const { return rows ? rows[j] : base + j; }
-  const float* tile_at(int64_t t, int d) const {
-    return tiles + (tile ? tile[t] : tile_base + t) * d * BK;
+  const float* v;       // else V's rows: logical key j is row rows[j] (rows null: base + j)
+  int64_t v_row;
+  const int64_t* rows;
+  int64_t base;
+  int64_t at(int64_t t, int d) const { return (tile ? tile[t] : tile_base + t) * d * BK; }
+};
+
+// Where the V rows of one key block are: row j at at + (rows ? rows[j] : first + j) * stride.
+struct VRows {
+  const float* at;
+  int64_t stride;
+  const int64_t* rows;
+  int64_t first;
+  const float* row(int j) const { return at + (rows ? rows[j] : first + j) * stride; }
+  static VRows of(const Keys& keys, int64_t kb, int64_t tile_at, int d) {
+    if (keys.vtiles) return {keys.vtiles + tile_at, d, nullptr, 0};
+    return {keys.v, keys.v_row, keys.rows ? keys.rows + kb : nullptr, keys.base + kb};
   }
 };
 
-// acc[0:4 rows][dc:dc+W*NV] += P[rows][0:cols] . V[keys kb..kb+cols][dc:...] (NV fixed at
-// compile time so the 4 x NV accumulators stay in registers)
-template <int NV>
-inline void pv_4rows(const float* p, const float* vh, int64_t vstride, const Keys& keys,
-                     int64_t kb, int cols, int dc, float* acc, int d) {
-  vf a[4][NV];
-  for (int r = 0; r < 4; ++r)
+// acc[0:R rows][dc:dc+W*NV] += P[rows][0:cols] . V tile[0:cols][dc:...] (R and NV fixed
+// at compile time so the R x NV accumulators stay in registers)
+template <int R, int NV>
+inline void pv_rows(const float* p, const VRows& vt, int cols, int dc, float* acc, int d) {
+  vf a[R][NV];
+  for (int r = 0; r < R; ++r)
     for (int u = 0; u < NV; ++u) a[r][u] = simd::load(acc + r * d + dc + W * u);
   for (int j = 0; j < cols; ++j) {
-    const float* vrow = vh + keys.row(kb + j) * vstride + dc;
+    const float* vrow = vt.row(j) + dc;
     vf vv[NV];
     for (int u = 0; u < NV; ++u) {
       vv[u] = simd::load(vrow + W * u);
       simd::in_register(vv[u]);
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       const vf pr = simd::set1(p[r * BK + j]);
       for (int u = 0; u < NV; ++u) a[r][u] = simd::fmadd(pr, vv[u], a[r][u]);
     }
   }
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < R; ++r)
     for (int u = 0; u < NV; ++u) simd::store(acc + r * d + dc + W * u, a[r][u]);
 }
 
-PART void pv_block(int nv, const float* p, const float* vh, int64_t vstride, const Keys& keys,
-                   int64_t kb, int cols, int dc, float* acc, int d) {
+template <int R>
+inline void pv_dims(int nv, const float* p, const VRows& vt, int cols, int dc, float* acc,
+                    int d) {
   switch (nv) {
-    case 1: pv_4rows<1>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
-    case 2: pv_4rows<2>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
-    case 3: pv_4rows<3>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
-    default: pv_4rows<NVMAX>(p, vh, vstride, keys, kb, cols, dc, acc, d); break;
+    case 1: pv_rows<R, 1>(p, vt, cols, dc, acc, d); break;
+    case 2: pv_rows<R, 2>(p, vt, cols, dc, acc, d); break;
+    case 3: pv_rows<R, 3>(p, vt, cols, dc, acc, d); break;
+    default: pv_rows<R, NVMAX>(p, vt, cols, dc, acc, d); break;
   }
+}
+
+// P*V of tile_rows(left) rows (returned) at nv dim vectors from dc.
+PART int pv_block(int nv, const float* p, const VRows& vt, int cols, int dc, float* acc, int d,
+                  int left) {
+  const int rows = tile_rows(left);
+  if (rows == RT) pv_dims<RT>(nv, p, vt, cols, dc, acc, d);
+  else if (rows == 4) pv_dims<4>(nv, p, vt, cols, dc, acc, d);
+  else pv_dims<2>(nv, p, vt, cols, dc, acc, d);
+  return rows;
 }
 
 // The block's online softmax (online_softmax.h), the weights in place of the scores.
@@ -173,8 +213,7 @@ struct Strides {
 };
 
 // One (sequence, head): nq queries from row q_start, n keys described by `keys`.
-void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
-                 const Keys& keys, float* out, int64_t out_row, int64_t q_start, int64_t nq,
+void attend_item(const float* q, Strides qs_, const Keys& keys, float* out, int64_t out_row, int64_t q_start, int64_t nq,
                  int64_t n, int64_t head, int d, float scale, bool causal, Scratch& sc) {
   const int64_t past = n - nq;  // keys before the first query
   sc.fit(d);
@@ -197,8 +236,11 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
     for (int64_t kb = 0; kb < kv_end; kb += BK) {
       const int cols = (int)std::min<int64_t>(BK, kv_end - kb);
       float* s = sc.s.data();
-      const float* tile = keys.tile_at(kb / BK, d);
-      for (int r = 0; r < rows4; r += 4) scores_4rows(qsb + r * d, tile, d, cols, s + r * BK);
+      const int64_t at = keys.at(kb / BK, d);
+      const float* tile = keys.tiles + at;
+      const VRows vrows = VRows::of(keys, kb, at, d);
+      for (int r = 0; r < rows4;)
+        r += scores_block(qsb + r * d, tile, d, cols, s + r * BK, rows4 - r);
       for (int r = 0; r < rows4; ++r) {
         int valid = r < rows ? cols : 0;
         if (causal)
@@ -208,8 +250,9 @@ void attend_item(const float* q, Strides qs_, const float* vh, int64_t vstride,
       softmax_block(s, rows4, cols, sc.rows(), sc.acc.data(), d);
       for (int dc = 0; dc < d; dc += NVMAX * W) {
         const int nv = std::min(NVMAX * W, d - dc) / W;
-        for (int r = 0; r < rows4; r += 4)
-          pv_block(nv, s + r * BK, vh, vstride, keys, kb, cols, dc, sc.acc.data() + r * d, d);
+        for (int r = 0; r < rows4;)
+          r += pv_block(nv, s + r * BK, vrows, cols, dc, sc.acc.data() + r * d, d,
+                        rows4 - r);
       }
     }
     for (int r = 0; r < rows; ++r) {
@@ -247,9 +290,16 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
                                           n_tile_ids, plan))
     FAIL("%s", why);
   // Distinct tiles are transposed once, into [Hkv][distinct tile][D][BK], shared by the
-  // heads of a group, every query block and every sequence that names them.
+  // heads of a group, every query block and every sequence that names them. Where P*V
+  // reads each V row in more than two passes of NVMAX vectors (AVX2 from head_dim 64), the
+  // rows are copied together beside them ([BK][D]), so those passes read one contiguous
+  // tile rather than rows a few KiB apart (AVX2, head_dim 64: 1.06x, and the slow runs
+  // of a page-walk-bound V gone); with one or two passes the copy cost more than it saved
+  // (AVX-512 0.95-0.98x).
   const int64_t distinct = plan.distinct();
-  std::unique_ptr<float[]> kt(new float[std::max<int64_t>(hkv * distinct * d * BK, 1)]);
+  const int64_t tiles_size = std::max<int64_t>(hkv * distinct * d * BK, 1);
+  const bool pack_v = d > 2 * NVMAX * W;
+  std::unique_ptr<float[]> kt(new float[tiles_size]), vt(pack_v ? new float[tiles_size] : nullptr);
   varlen::for_each_tile(plan, koff, hkv, threads, [&](int64_t c, int64_t h, int64_t key0,
                                                       int64_t cols) {
     float* dst = kt.get() + c * d * BK;
@@ -268,6 +318,9 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
         for (int i = 0; i < W; ++i) simd::store(dst + (e0 + i) * BK + j0, r[i]);
       }
     }
+    for (int64_t j = 0; pack_v && j < cols; ++j)
+      std::memcpy(vt.get() + (c * BK + j) * d,
+                  v + (rows ? rows[key0 + j] : key0 + j) * v_row + h * v_head, d * sizeof(float));
   });
 
   const int64_t group = hq / hkv;
@@ -276,11 +329,12 @@ int vllm_varlen_attention(const float* q, int64_t q_row, int64_t q_head, const f
                                                                  Scratch& sc) {
     const int64_t kvh = h / group;
     const int64_t nq = qoff[seq + 1] - qoff[seq], nk = koff[seq + 1] - koff[seq];
-    const Keys keys{rows ? rows + koff[seq] : nullptr, koff[seq],
-                    kt.get() + kvh * distinct * d * BK,
-                    tile_of ? tile_of + plan.tile0[seq] : nullptr, plan.tile0[seq]};
-    attend_item(q, qs, v + kvh * v_head, v_row, keys, out, hq * d, qoff[seq], nq, nk, h,
-                (int)d, scale, causal != 0, sc);
+    const Keys keys{kt.get() + kvh * distinct * d * BK,
+                    pack_v ? vt.get() + kvh * distinct * d * BK : nullptr,
+                    tile_of ? tile_of + plan.tile0[seq] : nullptr, plan.tile0[seq],
+                    v + kvh * v_head, v_row, rows ? rows + koff[seq] : nullptr, koff[seq]};
+    attend_item(q, qs, keys, out, hq * d, qoff[seq], nq, nk, h, (int)d, scale, causal != 0,
+                sc);
   });
   return 0;
 #endif
