@@ -9,6 +9,8 @@
 
 #include "simd.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cfloat>
 #include <limits>
@@ -17,9 +19,16 @@
 namespace varlen {
 
 // A block's per-row softmax state ([BQ] each, BQ a multiple of W): running max m and sum
-// l ([BQ][W]: W partial sums a row, added up once, by row_sum, when the row is done; a
-// horizontal add per row and block cost the bf16 kernel ~8%), the keys each row sees in
+// l ([BQ][kSums]: kSums partial sums a row, added up once, by row_sum, when the row is done;
+// a horizontal add per row and block cost the bf16 kernel ~8%), the keys each row sees in
 // this key block (valid), and scratch.
+//
+// The partial sums are laid out alike on both widths (partial i: the keys 16 u + i; AVX2
+// keeps two vectors of 8) and row_sum adds them in one fixed order, so the AVX2 and
+// AVX-512 builds give the same sums and, every other step being per lane in the same
+// order, the same attention bit for bit (an int8 model rounds the next projection's input,
+// where an ulp here moves whole rounding steps).
+constexpr int kSums = 16;
 struct SoftmaxRows {
   float* m;
   float* l;
@@ -67,24 +76,35 @@ inline void online_softmax(const float* s, int stride, int rows, int cols, float
     }
     const float* x = s + r * stride;
     const vf vmx = simd::set1(st.m_new[r]), vmc = simd::set1(-st.m_new[r] * c);
-    vf vsum = simd::zero();
+    constexpr int parts = kSums / W;  // vectors of partial sums
+    vf vsum[parts];
+    for (int h = 0; h < parts; ++h) vsum[h] = simd::zero();
     for (int u = 0; u < n; ++u) {
       const vf v = simd::load(x + W * u);
       const vf e = COARSE ? simd::exp2<4>(simd::fmadd(v, vc, vmc))
                           : simd::exp2(simd::mul(simd::sub(v, vmx), vc));
-      vsum = simd::add(vsum, emit(r, u, simd::keep_first(e, valid - W * u)));
+      vf& sum = vsum[u % parts];
+      sum = simd::add(sum, emit(r, u, simd::keep_first(e, valid - W * u)));
     }
-    const vf corr = simd::set1(st.corr[r]);  // rescaled unconditionally: a branch on
-    simd::store(st.l + r * W, simd::fmadd(simd::load(st.l + r * W), corr, vsum));  // corr
-    st.m[r] = st.m_new[r];                   // == 1 mispredicts about every other block
+    const vf corr = simd::set1(st.corr[r]);  // rescaled unconditionally: a branch on corr
+    for (int h = 0; h < parts; ++h) {         // == 1 mispredicts about every other block
+      float* l = st.l + r * kSums + W * h;
+      simd::store(l, simd::fmadd(simd::load(l), corr, vsum[h]));
+    }
+    st.m[r] = st.m_new[r];
     for (int e = 0; e < d; e += W)
       simd::store(acc + r * d + e, simd::mul(simd::load(acc + r * d + e), corr));
   }
 }
 
-// Row r's sum of weights (its W partial sums added up).
+// Row r's sum of weights: its kSums partial sums p added up as ((p_i + p_i+8) over 8, then
+// halves of 4, 2, 1), the same order on both widths.
 inline float row_sum(const SoftmaxRows& st, int r) {
-  return simd::reduce_add(simd::load(st.l + r * simd::W));
+  const float* p = st.l + r * kSums;
+  const __m256 s8 = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
 }  // namespace varlen

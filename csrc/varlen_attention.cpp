@@ -67,7 +67,7 @@ struct Scratch {
     s.resize(BQ * BK);
     acc.resize(BQ * d);
     m.resize(BQ);
-    l.resize(BQ * simd::W);
+    l.resize(BQ * varlen::kSums);
     m_new.resize(BQ);
     corr.resize(BQ);
     valid.resize(BQ);

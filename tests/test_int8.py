@@ -75,6 +75,23 @@ def test_dequantize_rows_equals_torch(kernels, mode, n):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+def test_int8_gelu_is_gelu_within_5e_5_and_the_same_in_every_column(kernels):
+    """An int8 projection's GELU (gelu_q, rounded to int8 by the next projection) is torch's
+    erf GELU to 5e-5 for |x| <= 12; the C++ epilogue gives the same floats in a vector's
+    column and in a scalar tail's, and the torch fallback's to 1e-6."""
+    x = torch.linspace(-12, 12, 240001)
+    assert (i8.gelu_q(x).double() - F.gelu(x.double())).abs().max() < 5e-5
+    acc = torch.arange(-12000, 12001, dtype=torch.int32)[:, None].repeat(1, 17)
+    ones = torch.ones(17)
+    got = kernels[1](acc, torch.full((acc.shape[0],), 1e-3), ones, None, i8.MODES["gelu_q"],
+                     None)
+    assert torch.equal(got[:, 0], got[:, 16])  # vector column, scalar tail (16 + 1 columns)
+    y = acc[:, 0].float() * (1e-3 * 1.0)
+    assert (got[:, 0].double() - F.gelu(y.double())).abs().max() < 5e-5
+    torch.testing.assert_close(got[:, 0], i8.gelu_q(y), atol=1e-6, rtol=1e-6)
+    assert torch.isnan(i8.gelu_q(torch.tensor([float("nan")]))).all()
+
+
 def _exact(x, w: i8.Int8Weight, b):
     """The same quantized operands in float64: what the int8 path must give to rounding."""
     q, s = i8._quantize_torch(x.reshape(-1, x.shape[-1]).contiguous())

@@ -240,8 +240,10 @@ def test_minilm_on_the_avx2_build_as_on_an_avx2_only_cpu(minilm_dir, minilm_embe
     assert "int8 projections: AVX2 path" in result["log"], result["log"]
     assert "oneDNN's int8 GEMM saturates in this process" in result["log"]
     _check_minilm(np.array(result["int8"]), minilm_embeddings)
-    # post-LN blocks' LayerNorm: the AVX2 build's floats are this build's, bit for bit
+    # post-LN blocks' LayerNorm and the float32 attention: the AVX2 build's floats are this
+    # build's, bit for bit
     assert torch.equal(torch.tensor(result["layer_norm"]), _layer_norm_sample())
+    assert torch.equal(torch.tensor(result["attention"]), _attention_sample())
 
 
 def _child(model_dir: str) -> dict:
@@ -259,6 +261,7 @@ def _child(model_dir: str) -> dict:
     return {"kernel": cpu_kernels.kernel_status("int8_gemm_avx2"), "gemm_errors": errors,
             "paths": sorted(_gemm_paths(int8)), "int8": embed(int8),
             "layer_norm": _layer_norm_sample().tolist(),
+            "attention": _attention_sample().tolist(),
             "log": "\n".join(r for r in records if "int8 projections" in r)}
 
 
@@ -272,6 +275,23 @@ def _layer_norm_sample() -> torch.Tensor:
             torch.randn(n, generator=g)
         rows.append(norm(x, w, b, 1e-12).flatten())
     return torch.cat(rows)
+
+
+def _attention_sample() -> torch.Tensor:
+    """The float32 attention kernel on fixed ragged sequences (last key blocks of several
+    lengths), bidirectional and causal, grouped heads, head_dim 32 and 64 (where the AVX2
+    build copies V into tiles)."""
+    g = torch.Generator().manual_seed(6)
+    kernel, none = cpu_kernels.varlen_attention_kernel(), torch.empty(0, dtype=torch.long)
+    lengths = [1, 7, 17, 50, 64, 65, 130]
+    off = torch.tensor(np.cumsum([0] + lengths))
+    outs = []
+    for d in (32, 64):
+        q = torch.randn(sum(lengths), 4, d, generator=g)
+        k, v = (torch.randn(sum(lengths), 2, d, generator=g) for _ in range(2))
+        for causal in (False, True):
+            outs.append(kernel(q, k, v, off, off, none, none, d ** -0.5, causal).flatten())
+    return torch.cat(outs)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from vllm.model_executor.layers import int8_linear as i8
 VNNI = cpu_kernels.VNNI_FLAGS <= cpu_kernels.cpu_flags()
 needs_vnni = pytest.mark.skipif(not VNNI, reason="the VNNI int8 kernel needs a CPU with "
                                 "AVX512-VNNI (avx512_vnni, avx512bw, avx512f)")
-MODES = range(6)  # none, add, mul, gelu, silu, relu (skinny_gemm.MODES)
+MODES = range(7)  # none, add, mul, gelu, silu, relu, gelu_q (skinny_gemm.MODES)
 
 
 def _exact_reference_gemm(kernels) -> "i8.Int8Gemm":

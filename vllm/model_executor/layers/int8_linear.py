@@ -48,9 +48,31 @@ from vllm.model_executor.layers.skinny_gemm import MODES
 
 # activations the dequantizing epilogue applies itself; the others run after it in torch
 _FUSED = ("gelu", "silu", "relu")
+# An int8 projection's GELU output is rounded to int8 by the next projection (a step of
+# max|row| / 127), so the epilogue runs csrc/simd.h's gelu_q (a polynomial erf, at most
+# 3.6e-5 off for |x| <= 12): 16 operations instead of ~27 with a divide and an exp, where
+# the GELU cost an int8 MiniLM pass ~7% (against ReLU's).
+_EPILOGUE = {"gelu": "gelu_q"}
+# csrc/simd.h's kGeluQ: erf(z) = z P(2 z^2 / 9 - 1), z clamped to [-3, 3]
+_GELU_Q = (0.47012871503829956, -0.22872856259346008, 0.15759818255901337,
+           -0.1111425831913948, 0.07214697450399399, -0.03973197191953659,
+           0.024074608460068703, -0.01786532998085022, 0.006851510610431433)
+
+
+def gelu_q(x: torch.Tensor) -> torch.Tensor:
+    """The C++ epilogue's gelu_q in torch (float32 multiply-adds where the C++ runs FMAs:
+    ~1e-6 apart)."""
+    z = (x * 0.70710678118654752).clamp(-3.0, 3.0)
+    s, p = z * z * (2.0 / 9.0) - 1.0, torch.full_like(x, _GELU_Q[8])
+    for c in reversed(_GELU_Q[:8]):
+        p = p * s + c
+    half_x = x * 0.5
+    return half_x * (z * p) + half_x
+
+
 _TORCH_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
-    "silu": F.silu}
+    "silu": F.silu, "gelu_q": gelu_q}
 
 
 # a projection's float output and, where asked and made in the same pass, its rows quantized
@@ -227,7 +249,7 @@ class Int8Gemm:
             return x.new_empty(*lead, w.scale.shape[0],
                                dtype=torch.bfloat16 if bf16 else x.dtype), None
         q, scales = quantized if quantized is not None else self.quantize(rows)
-        y, kept = self._project(q, scales, w, b, MODES[mode],
+        y, kept = self._project(q, scales, w, b, MODES[_EPILOGUE.get(mode, mode)],
                                 None if other is None else _rows(other), keep, norm, bf16)
         return y.view(*lead, y.shape[-1]), kept
 

@@ -40,7 +40,8 @@ from vllm.model_executor.layers.packed import pack_weight, packed_buffer
 MAX_ROWS = 64
 # epilogues: with `other` ("add", "mul"), or an activation of x @ W.T + bias
 # csrc/epilogue.h's modes, shared with the int8 projections (layers.int8_linear)
-MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5}
+# ("gelu_q": the int8 projections' GELU, for values rounded to int8 next)
+MODES = {None: 0, "add": 1, "mul": 2, "gelu": 3, "silu": 4, "relu": 5, "gelu_q": 6}
 ACTIVATIONS = ("gelu", "silu", "relu")
 
 
