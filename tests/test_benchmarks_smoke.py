@@ -49,3 +49,10 @@ def test_model_flops_formula():
     assert common.block_linear_params(layer) == 64
     assert common.model_flops([3], 64, layers=2, attn_dim=4) == 2 * 64 * 3 + 2 * 4 * 4 * 9
     assert common.model_flops([3], 64, 2, 4, causal=True) == 2 * 64 * 3 + 2 * 4 * 4 * 6
+
+
+def test_kernel_ab_child_times_each_shape():
+    """bench_kernel_ab's child: a best time per shape from the installed library."""
+    import bench_kernel_ab
+    best = bench_kernel_ab.child("f32", ["minilm"], 1)
+    assert set(best) == {"minilm"} and best["minilm"] > 0
