@@ -125,8 +125,9 @@ PART int scores_block(const float* qs, const float* kt, int d, int cols, float* 
   return rows;
 }
 
-// Where the keys of one sequence live: logical key j is row rows[j] of k/v (rows == nullptr:
-// row base + j), and its 64-key tile t is transposed at tiles + tile[t] * d * BK.
+// Where the keys of one sequence live: its 64-key tile t is distinct tile tile[t] (tile ==
+// nullptr: tile_base + t), transposed at tiles + at(t) and, where V is copied, its V rows at
+// vtiles + at(t); else logical key j's V row is row rows[j] of v (rows == nullptr: base + j).
 struct Keys {
   const float* tiles;   // K tiles, transposed: [D][BK] each
   const float* vtiles;  // V tiles, [BK][D] each (the rows copied together), or null
@@ -213,8 +214,9 @@ struct Strides {
 };
 
 // One (sequence, head): nq queries from row q_start, n keys described by `keys`.
-void attend_item(const float* q, Strides qs_, const Keys& keys, float* out, int64_t out_row, int64_t q_start, int64_t nq,
-                 int64_t n, int64_t head, int d, float scale, bool causal, Scratch& sc) {
+void attend_item(const float* q, Strides qs_, const Keys& keys, float* out, int64_t out_row,
+                 int64_t q_start, int64_t nq, int64_t n, int64_t head, int d, float scale,
+                 bool causal, Scratch& sc) {
   const int64_t past = n - nq;  // keys before the first query
   sc.fit(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();

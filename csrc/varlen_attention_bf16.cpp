@@ -346,7 +346,8 @@ void attend_item(const Query& q, const Tiles& tiles, const Out& out, int64_t q_s
       }
     }
     for (int r = 0; r < rows; ++r)
-      store_row(out, q_start + i0 + r, head, sc.acc.data() + r * d, varlen::row_sum(sc.rows(), r), d);
+      store_row(out, q_start + i0 + r, head, sc.acc.data() + r * d,
+                varlen::row_sum(sc.rows(), r), d);
   }
 }
 
