@@ -53,7 +53,8 @@ def int8_peak_gops(path: str, size: int = 2048, repeats: int = 5) -> float:
     a = torch.randint(-127, 127, (size, size), dtype=torch.int8)
     b = torch.randint(-127, 127, (size, size), dtype=torch.int8)
     if path == "AVX2":
-        kernel, packed, ones = int8_gemm_avx2_kernel(), pack_avx2(b), torch.ones(size)
+        kernel, ones = int8_gemm_avx2_kernel(), torch.ones(size)
+        packed = pack_avx2(b, kernel.block, group=kernel.group)
         mm = lambda: kernel(a, packed, size, ones, ones, None, 0)  # noqa: E731
     else:
         mm = lambda: torch._int_mm(a, b.t())  # noqa: E731

@@ -4,23 +4,23 @@
 //   acc[m, n] = sum_k a[m, k] * w[n, k]    (a, w int8 in [-127, 127]; int32, exact)
 //   out[m, n] = epilogue(acc[m, n] * row_scale[m] * col_scale[n] + bias[n])   (float32)
 //
-// AVX2 has no s8 x s8 dot product; vpmaddubsw multiplies u8 by s8 and adds each pair of
-// products into int16 WITH SATURATION, so the usual a + 128 shift (u8 up to 255) can lose
-// up to 64770 - 32767 per pair. Here the unsigned operand is |a| (<= 128) and the sign of
-// a moves onto the weight (vpsignb: w, -w or 0), so a pair is at most 2 * 128 * 127 =
-// 32512 < 32767 and never saturates: |a| * sign(a) w = a * w exactly. vpmaddwd against
-// ones then adds the pairs into int32 (4 products per lane), so every sum is the exact
-// integer the VNNI / AMX path computes, and the dequantized outputs are the same.
-// Weights must lie in [-127, 127] (vpsignb cannot negate -128); quantize_weight clamps.
+// AVX2 has no s8 x s8 dot product. Both operands are widened to int16 and multiplied with
+// vpmaddwd, which adds each pair of products into int32 (|a w + a' w'| <= 2 * 128 * 128,
+// no saturation): every sum is the exact integer the VNNI / AMX path computes, and the
+// dequantized outputs are the same. (The first version used vpmaddubsw on |a| x sign(a) w:
+// 32 products per instruction, but vpsignb + vpmaddubsw + vpmaddwd are three multiply-pipe
+// ops per 32 products; on Zen 4 a loop of them ran 73 products/ns against vpmaddwd's 93, and
+// this kernel 1.2x the old one, benchmarks/README.md "Session 22".)
 //
-// Layout of the packed weight (made by layers/int8_linear.py `pack_avx2`): blocks of 16
-// output columns, each [ceil(K / 4)][16][4] bytes (a group of 4 k of 16 columns: 64
-// bytes, two ymm of 8 columns), columns past N and k past K zero. A register tile is 4
-// rows x 16 columns (8 ymm accumulators); a row's 4 bytes of a group are broadcast to all
-// 8 lanes (tiles of 1-3 rows where M leaves them). Activations are copied once per call
-// into zero-padded rows of a and |a|. Each tile row's 16 sums go back to float from a
-// stack buffer (int8_dequantize.h: the same floats as the separate pass after oneDNN's
-// GEMM), so no int32 [M, N] goes through memory.
+// Layout of the packed weight (made by layers/int8_weights.py `pack_avx2(group=2)`): blocks
+// of 16 output columns, each [ceil(K / 2)][16][2] bytes (a pair of k of 16 columns: 32
+// bytes, widened in the loop to two ymm of 8 columns), columns past N and k past K zero:
+// int8 in memory, a quarter of the float32 weight. A register tile is 6 rows x 16 columns
+// (12 ymm accumulators); a row's pair of int16 activations is broadcast to all 8 lanes
+// (tiles of 1-5 rows where M leaves them). Activations are widened once per call into
+// zero-padded int16 rows. Each tile row's 16 sums go back to float from a stack buffer
+// (int8_dequantize.h: the same floats as the separate pass after oneDNN's GEMM), so no
+// int32 [M, N] goes through memory.
 #include "int8_gemm_common.h"
 
 #include <immintrin.h>
@@ -33,51 +33,55 @@
 namespace {
 
 using int8_gemm::kBlock;
-constexpr int kTileRows = 4;        // rows per register tile
-constexpr int64_t kPanelRows = 64;  // rows one task covers (its a and |a| stay in L2)
+constexpr int kTileRows = 6;        // rows per register tile
+constexpr int64_t kPanelRows = 48;  // rows one task covers (their int16 copy stays in L2)
 constexpr int64_t kPanelBlocks = 4;  // blocks one task covers
 
 #if defined(__AVX2__) && VLLM_SIMD_WIDTH
 using int8_gemm::Dequantize;
 
-inline __m256i broadcast_group(const int8_t* p) {
+// A row's activations k, k + 1 (int16) in every 32-bit lane.
+inline __m256i broadcast_pair(const int16_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
 
-// acc += a * w for one 4-byte group: |a| (u8) x sign(a) w (s8), pairs in int16, then int32.
-inline __m256i dot_group(__m256i acc, __m256i abs_a, __m256i a, __m256i w, __m256i ones) {
-  const __m256i pairs = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(w, a));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+// 16 columns' weights of one pair of k (32 int8) as two ymm of int16, 8 columns each.
+inline void widen_pair(const int8_t* p, __m256i& w0, __m256i& w1) {
+  w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
 }
 
-// One row's group against the block's two weight vectors.
-inline void row_group(__m256i& acc0, __m256i& acc1, const int8_t* a, const int8_t* abs_a,
-                      __m256i w0, __m256i w1, __m256i ones) {
-  const __m256i s = broadcast_group(a), u = broadcast_group(abs_a);
-  acc0 = dot_group(acc0, u, s, w0, ones);
-  acc1 = dot_group(acc1, u, s, w1, ones);
+// acc0/acc1 (columns 0-7 / 8-15) += a[k] w[k] + a[k+1] w[k+1] for one row's pair.
+inline void row_pair(__m256i& acc0, __m256i& acc1, const int16_t* a, __m256i w0,
+                     __m256i w1) {
+  const __m256i s = broadcast_pair(a);
+  acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(s, w0));
+  acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(s, w1));
 }
 
-// R (1..4) rows from row r0 (stride kp) x the block of 16 columns from column c0, `cols`
-// of them written, dequantized, to out (row stride ldc). Named accumulators, not an
-// array: GCC then keeps all 8 in registers.
+// R (1..6) rows from row r0 (int16, stride kp) x the block of 16 columns from column c0,
+// `cols` of them written, dequantized, to out (row stride ldc). Named accumulators, not an
+// array: GCC then keeps all 12 in registers.
 template <int R>
-void tile(const int8_t* a, const int8_t* abs_a, int64_t kp, const int8_t* wb, int64_t r0,
-          int64_t c0, int cols, const Dequantize& dq, float* out, int64_t ldc) {
+void tile(const int16_t* a, int64_t kp, const int8_t* wb, int64_t r0, int64_t c0, int cols,
+          const Dequantize& dq, float* out, int64_t ldc) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
-          c21 = c00, c30 = c00, c31 = c00;
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < kp; g += 4) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + g * 16));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + g * 16 + 32));
-    row_group(c00, c01, a + g, abs_a + g, w0, w1, ones);
-    if constexpr (R > 1) row_group(c10, c11, a + kp + g, abs_a + kp + g, w0, w1, ones);
-    if constexpr (R > 2) row_group(c20, c21, a + 2 * kp + g, abs_a + 2 * kp + g, w0, w1, ones);
-    if constexpr (R > 3) row_group(c30, c31, a + 3 * kp + g, abs_a + 3 * kp + g, w0, w1, ones);
+          c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 2
+  for (int64_t g = 0; g < kp; g += 2) {
+    __m256i w0, w1;
+    widen_pair(wb + g * 16, w0, w1);
+    row_pair(c00, c01, a + g, w0, w1);
+    if constexpr (R > 1) row_pair(c10, c11, a + kp + g, w0, w1);
+    if constexpr (R > 2) row_pair(c20, c21, a + 2 * kp + g, w0, w1);
+    if constexpr (R > 3) row_pair(c30, c31, a + 3 * kp + g, w0, w1);
+    if constexpr (R > 4) row_pair(c40, c41, a + 4 * kp + g, w0, w1);
+    if constexpr (R > 5) row_pair(c50, c51, a + 5 * kp + g, w0, w1);
   }
-  const __m256i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+  const __m256i acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                             {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < R; ++r) {
     alignas(32) int32_t row[kBlock];
     _mm256_store_si256(reinterpret_cast<__m256i*>(row), acc[r][0]);
@@ -86,36 +90,32 @@ void tile(const int8_t* a, const int8_t* abs_a, int64_t kp, const int8_t* wb, in
   }
 }
 
-void rows_tile(int rows, const int8_t* a, const int8_t* abs_a, int64_t kp, const int8_t* wb,
-               int64_t r0, int64_t c0, int cols, const Dequantize& dq, float* out,
-               int64_t ldc) {
+void rows_tile(int rows, const int16_t* a, int64_t kp, const int8_t* wb, int64_t r0,
+               int64_t c0, int cols, const Dequantize& dq, float* out, int64_t ldc) {
   switch (rows) {
-    case 4: return tile<4>(a, abs_a, kp, wb, r0, c0, cols, dq, out, ldc);
-    case 3: return tile<3>(a, abs_a, kp, wb, r0, c0, cols, dq, out, ldc);
-    case 2: return tile<2>(a, abs_a, kp, wb, r0, c0, cols, dq, out, ldc);
-    default: return tile<1>(a, abs_a, kp, wb, r0, c0, cols, dq, out, ldc);
+    case 6: return tile<6>(a, kp, wb, r0, c0, cols, dq, out, ldc);
+    case 5: return tile<5>(a, kp, wb, r0, c0, cols, dq, out, ldc);
+    case 4: return tile<4>(a, kp, wb, r0, c0, cols, dq, out, ldc);
+    case 3: return tile<3>(a, kp, wb, r0, c0, cols, dq, out, ldc);
+    case 2: return tile<2>(a, kp, wb, r0, c0, cols, dq, out, ldc);
+    default: return tile<1>(a, kp, wb, r0, c0, cols, dq, out, ldc);
   }
 }
 
-// a [m, k] (row stride a_row) into zero-padded rows of kp: sa = a, ua = |a| (as u8).
-void pad_rows(const int8_t* a, int64_t m, int64_t k, int64_t a_row, int64_t kp, int8_t* sa,
-              int8_t* ua, int threads) {
+// a [m, k] (row stride a_row) widened to int16 into zero-padded rows of kp.
+void widen_rows(const int8_t* a, int64_t m, int64_t k, int64_t a_row, int64_t kp,
+                int16_t* wide, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t r = 0; r < m; ++r) {
     const int8_t* src = a + r * a_row;
-    int8_t* s = sa + r * kp;
-    int8_t* u = ua + r * kp;
+    int16_t* dst = wide + r * kp;
     int64_t c = 0;
-    for (; c + 32 <= k; c += 32) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(s + c), v);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + c), _mm256_abs_epi8(v));
+    for (; c + 16 <= k; c += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c), _mm256_cvtepi8_epi16(v));
     }
-    for (; c < k; ++c) {
-      s[c] = src[c];
-      u[c] = (int8_t)(uint8_t)(src[c] < 0 ? -(int)src[c] : src[c]);
-    }
-    for (; c < kp; ++c) s[c] = u[c] = 0;
+    for (; c < k; ++c) dst[c] = src[c];
+    for (; c < kp; ++c) dst[c] = 0;
   }
 }
 #endif
@@ -135,6 +135,9 @@ int vllm_int8_gemm_avx2_built() {
 
 int vllm_int8_gemm_avx2_block() { return kBlock; }
 
+// k per packed group of a column in this kernel's weight (2; the VNNI / AMX kernels' 4).
+int vllm_int8_gemm_avx2_group() { return 2; }
+
 // out [m, n] float32 (row stride n) = epilogue(a [m, k] int8 (row stride a_row) x the packed
 // weight of n columns (see the top), dequantized as int8_dequantize.h with row_scales [m],
 // col_scales [n], bias [n] or null, other [m, n] (row stride other_row, modes 1, 2) or null.
@@ -148,12 +151,10 @@ int vllm_int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
 #else
   threads = std::max(threads, 1);
   const Dequantize dq{row_scales, col_scales, bias, other, other_row, mode};
-  const int64_t kp = (k + 3) / 4 * 4;
+  const int64_t kp = (k + 1) / 2 * 2;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<int8_t> padded(2 * m * kp);
-  int8_t* sa = padded.data();
-  int8_t* ua = sa + m * kp;
-  pad_rows(a, m, k, a_row, kp, sa, ua, threads);
+  std::vector<int16_t> wide(m * kp);
+  widen_rows(a, m, k, a_row, kp, wide.data(), threads);
   int8_gemm::for_each_panel(m, blocks, kPanelRows, kPanelBlocks, threads,
                             [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {  // the block's weights stay in L1 over the rows
@@ -161,7 +162,7 @@ int vllm_int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
       const int cols = (int)std::min<int64_t>(kBlock, n - b * kBlock);
       for (int64_t r = r0; r < r1; r += kTileRows) {
         const int rows = (int)std::min<int64_t>(kTileRows, r1 - r);
-        rows_tile(rows, sa + r * kp, ua + r * kp, kp, wb, r, b * kBlock, cols, dq, out, n);
+        rows_tile(rows, wide.data() + r * kp, kp, wb, r, b * kBlock, cols, dq, out, n);
       }
     }
   });

@@ -17,7 +17,7 @@
 // exactly (integer arithmetic modulo 2^32 whose final value fits in int32 is exact), the
 // integer oneDNN's VNNI GEMM computes, and the floats are the separate pass's bit for bit.
 //
-// Layout of the packed weight (layers/int8_linear.py `pack_avx2`, the AVX2 kernel's): blocks
+// Layout of the packed weight (layers/int8_weights.py `pack_avx2`, group 4): blocks
 // of 16 output columns, each [ceil(K / 4)][16][4] bytes, columns past N and k past K zero.
 // A group of 4 k of a block is 64 bytes: one zmm, 16 columns x 4 k, exactly what one
 // vpdpbusd takes against a row's 4 bytes broadcast to all 16 lanes. A register tile is

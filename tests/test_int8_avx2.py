@@ -45,7 +45,7 @@ def _sums(kernel: Callable, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The kernel's int32 sums a @ w.T, through its dequantizing end at unit scales (exact
     in float32 below 2^24: every case here stays below)."""
     m, n = a.shape[0], w.shape[0]
-    return kernel(a, i8.pack_avx2(w.contiguous(), kernel.block), n, torch.ones(m),
+    return kernel(a, i8.pack_avx2(w.contiguous(), kernel.block, group=kernel.group), n, torch.ones(m),
                   torch.ones(n), None, 0)
 
 

@@ -204,14 +204,15 @@ def dequantize_rows(lib: ctypes.CDLL, acc: torch.Tensor, row_scales: torch.Tenso
 def _packed_gemm_args(q: torch.Tensor, packed: torch.Tensor, n: int, block: int,
                       row_scales: torch.Tensor, col_scales: torch.Tensor,
                       bias: Optional[torch.Tensor], other: Optional[torch.Tensor],
-                      floats: bool = True) -> tuple:
+                      floats: bool = True, group: int = 4) -> tuple:
     """The checked operands of a fused int8 GEMM over a packed weight
-    ([ceil(n / block), ceil(K / 4), block, 4]) and its output: (m, k, out float32 [m, n]
-    (empty where not `floats`), the pointers of bias and other and other's row stride)."""
+    ([ceil(n / block), ceil(K / group), block, group]) and its output: (m, k, out float32
+    [m, n] (empty where not `floats`), the pointers of bias and other and other's row
+    stride)."""
     _check(q.dtype == torch.int8 and q.dim() == 2 and q.stride(1) == 1,
            f"q must be int8 [M, K] with unit column stride; got {q.dtype} {tuple(q.shape)}")
     m, k = q.shape
-    shape = (-(-n // block), -(-k // 4), block, 4)
+    shape = (-(-n // block), -(-k // group), block, group)
     _check(packed.dtype == torch.int8 and tuple(packed.shape) == shape and
            packed.is_contiguous(), f"packed must be contiguous int8 {shape}")
     _check(row_scales.dtype == col_scales.dtype == torch.float32 and row_scales.numel() == m
@@ -223,15 +224,24 @@ def _packed_gemm_args(q: torch.Tensor, packed: torch.Tensor, n: int, block: int,
             0 if other is None else other.stride(0))
 
 
+def avx2_group(lib: ctypes.CDLL) -> int:
+    """k per packed group of the AVX2 kernel's weight: 2 (`vpmaddwd` pairs), or 4 in
+    libraries built before it said (their kernel read the VNNI kernel's layout)."""
+    return lib.vllm_int8_gemm_avx2_group() if hasattr(lib, "vllm_int8_gemm_avx2_group") \
+        else 4
+
+
 def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
                    row_scales: torch.Tensor, col_scales: torch.Tensor,
                    bias: Optional[torch.Tensor], mode: int,
                    other: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """q [M, K] int8 (unit column stride) x the AVX2-packed int8 weight of n output columns
-    (csrc/int8_gemm_avx2.cpp: [ceil(n / 16), ceil(K / 4), 16, 4]), exact int32 sums turned
-    back to float in the same pass as `dequantize_rows` does: float32 [M, n]."""
+    """q [M, K] int8 (unit column stride) x the int8 weight of n output columns packed for
+    csrc/int8_gemm_avx2.cpp (`pack_avx2(group=2)`: [ceil(n / 16), ceil(K / 2), 16, 2]),
+    exact int32 sums turned back to float in the same pass as `dequantize_rows` does:
+    float32 [M, n]."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
-        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other)
+        q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
+        group=avx2_group(lib))
     _check(lib.vllm_int8_gemm_avx2(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
         col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out.data_ptr(),

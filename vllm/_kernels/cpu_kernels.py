@@ -144,6 +144,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "vllm_int8_gemm_avx2"):  # absent from libraries built before it
         lib.vllm_int8_gemm_avx2_built.restype = ctypes.c_int
         lib.vllm_int8_gemm_avx2_block.restype = ctypes.c_int
+        if hasattr(lib, "vllm_int8_gemm_avx2_group"):  # libraries before session 22: 4
+            lib.vllm_int8_gemm_avx2_group.restype = ctypes.c_int
         lib.vllm_int8_gemm_avx2.restype = ctypes.c_int
         lib.vllm_int8_gemm_avx2.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] +
                                             [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
@@ -294,15 +296,17 @@ def _int8_gemm_kernel(name: str, flags: set[str], build: str, cpu: str
     _status[name] = _status["library"]
     from vllm._kernels import cpu_kernel_calls
     kernel = functools.partial(getattr(cpu_kernel_calls, name), lib)
-    kernel.block = lib.vllm_int8_gemm_avx2_block()  # both kernels' packed layout
+    kernel.block = lib.vllm_int8_gemm_avx2_block()  # the kernels' packed layout
+    kernel.group = cpu_kernel_calls.avx2_group(lib) if name == "int8_gemm_avx2" else 4
     return kernel
 
 
 def int8_gemm_avx2_kernel() -> Optional[Callable]:
     """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None) -> float32 [M, n]`:
     the exact s8 x s8 GEMM for CPUs with AVX2 and no int8 dot products, dequantized as
-    `dequantize_rows` in the same pass (csrc/int8_gemm_avx2.cpp; `f.block`: the packed
-    weight's block of columns), or None where the library, its AVX2 build or this CPU's
+    `dequantize_rows` in the same pass (csrc/int8_gemm_avx2.cpp; `f.block`, `f.group`: the
+    packed weight's block of columns and k per group, `pack_avx2(q, f.block, group=f.group)`),
+    or None where the library, its AVX2 build or this CPU's
     AVX2 is missing."""
     return _int8_gemm_kernel("int8_gemm_avx2", ISA_FLAGS["avx2"], "no AVX2", "AVX2")
 
@@ -313,7 +317,7 @@ VNNI_FLAGS = {"avx512f", "avx512bw", "avx512_vnni"}
 
 def int8_gemm_vnni_kernel() -> Optional[Callable]:
     """`f(q, packed, comp, n, row_scales, col_scales, bias, mode, other=None) -> float32
-    [M, n]`: the s8 x s8 GEMM on AVX512-VNNI over the AVX2 kernel's packed weight (and comp,
+    [M, n]`: the s8 x s8 GEMM on AVX512-VNNI over the packed weight (`pack_avx2`, group 4; and comp,
     128 times its column sums), dequantized as `dequantize_rows` in the same pass
     (csrc/int8_gemm_vnni.cpp), or None where the library, its AVX512-VNNI build or this
     CPU's AVX512-VNNI is missing."""
@@ -327,7 +331,7 @@ AMX_FLAGS = {"avx512f", "avx512bw", "amx_tile", "amx_int8"}
 
 def int8_gemm_amx_kernel() -> Optional[Callable]:
     """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None, quantized=False)`:
-    the s8 x s8 GEMM on AMX-INT8 tiles over the AVX2 kernel's packed weight (with
+    the s8 x s8 GEMM on AMX-INT8 tiles over the packed weight (`pack_avx2`, group 4; with
     `f.slack` bytes after it), dequantized as `dequantize_rows` in the same pass
     (csrc/int8_gemm_amx.cpp), or None where the library, its AMX build or this CPU's
     AMX-INT8 is missing."""

@@ -285,7 +285,7 @@ class Avx2Int8Gemm(Int8Gemm):
 
     def pack(self, weight: torch.Tensor) -> Avx2Weight:
         w = quantize_weight(weight)
-        return Avx2Weight(pack_avx2(w.q, self.gemm.block), w.scale)
+        return Avx2Weight(pack_avx2(w.q, self.gemm.block, group=self.gemm.group), w.scale)
 
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False,

@@ -22,13 +22,15 @@ def quantize_weight(weight: torch.Tensor) -> Int8Weight:
 
 
 class Avx2Weight(NamedTuple):
-    """An int8 weight in the AVX2 kernel's layout (`pack_avx2`)."""
-    packed: torch.Tensor  # [ceil(N / 16), ceil(K / 4), 16, 4] int8
+    """An int8 weight packed for a C++ kernel (`pack_avx2`: group 2 for the AVX2 kernel,
+    4 for the AMX one)."""
+    packed: torch.Tensor  # [ceil(N / 16), ceil(K / group), 16, group] int8
     scale: torch.Tensor   # [N] float32
 
 
 class VnniWeight(NamedTuple):
-    """An int8 weight in the VNNI kernel's layout: the AVX2 kernel's and its compensation."""
+    """An int8 weight in the VNNI kernel's layout (`pack_avx2`, group 4) and its
+    compensation."""
     packed: torch.Tensor  # [ceil(N / 16), ceil(K / 4), 16, 4] int8
     comp: torch.Tensor    # [ceil(N / 16) * 16] int32: 128 * sum_k q[n, k] (0 past N)
     scale: torch.Tensor   # [N] float32
@@ -45,16 +47,18 @@ def column_compensation(q: torch.Tensor, block: int = 16) -> torch.Tensor:
     return comp
 
 
-def pack_avx2(q: torch.Tensor, block: int = 16, slack: int = 0) -> torch.Tensor:
-    """q [N, K] int8 in [-127, 127] as csrc/int8_gemm_avx2.cpp reads it: blocks of `block`
-    output columns, each [ceil(K / 4)][block][4] (4 consecutive k of a column side by side),
-    columns past N and k past K zero. `slack`: zero bytes after it in its storage (the AMX
-    kernel's last tile may read on past the end)."""
+def pack_avx2(q: torch.Tensor, block: int = 16, slack: int = 0,
+              group: int = 4) -> torch.Tensor:
+    """q [N, K] int8 in [-127, 127] as the C++ kernels read it: blocks of `block` output
+    columns, each [ceil(K / group)][block][group] (`group` consecutive k of a column side
+    by side: 4 for the VNNI and AMX kernels' dot products of 4, 2 for the AVX2 kernel's
+    `vpmaddwd` pairs), columns past N and k past K zero. `slack`: zero bytes after it in
+    its storage (the AMX kernel's last tile may read on past the end)."""
     n, k = q.shape
-    n_pad, k_pad = -(-n // block) * block, -(-k // 4) * 4
+    n_pad, k_pad = -(-n // block) * block, -(-k // group) * group
     padded = torch.zeros((n_pad, k_pad), dtype=torch.int8)
     padded[:n, :k] = q
-    packed = padded.view(n_pad // block, block, k_pad // 4, 4).permute(0, 2, 1, 3)
+    packed = padded.view(n_pad // block, block, k_pad // group, group).permute(0, 2, 1, 3)
     storage = torch.zeros(packed.numel() + slack, dtype=torch.int8)
     storage[:packed.numel()].view(packed.shape).copy_(packed)
     return storage[:packed.numel()].view(packed.shape)
