@@ -1,6 +1,6 @@
 """quantization="int8" on CPUs with AVX2 and no int8 dot products (csrc/int8_gemm_avx2.cpp):
 the kernel's int32 sums exact against integer products on random shapes and at the
-saturation edges of `vpmaddubsw`; its layers equal to the oneDNN (VNNI) path's; the path
+saturation edges of a u8 x s8 `vpmaddubsw` (which the int16 `vpmaddwd` kernel must not have); its layers equal to the oneDNN (VNNI) path's; the path
 chosen by the CPU's features (`int8_linear.choose_path`), logged and reported; MiniLM within
 cosine 0.99 of float32 and 1e-3 of the VNNI path. An AVX-512 machine runs the AVX2 path
 twice: in this process (the installed build's copy of the kernel, forced by
@@ -51,7 +51,8 @@ def _sums(kernel: Callable, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _gemm_errors(kernel: Callable) -> list[str]:
     """The AVX2 kernel against exact integer products: random operands (rows strided as
-    models pass them) and the edges where `vpmaddubsw` on a + 128 would saturate."""
+    models pass them) and the edges where `vpmaddubsw` on a + 128 would saturate (exact
+    here: the kernel's pairs are int16 products in int32)."""
     g = torch.Generator().manual_seed(0)
     cases = []
     for m, k, n in SHAPES:
@@ -107,6 +108,11 @@ def test_kernel_refuses_a_wrong_layout(avx2_gemm):
     q = torch.zeros(2, 40, dtype=torch.int8)
     with pytest.raises(RuntimeError, match="packed must be"):
         avx2_gemm(q, torch.zeros(1, 9, 16, 4, dtype=torch.int8), 16, torch.ones(2),
+                  torch.ones(16), None, 0)
+    # the VNNI / AMX kernels' layout (4 k per group) is not this kernel's (pairs of k)
+    assert avx2_gemm.group == 2
+    with pytest.raises(RuntimeError, match=r"packed must be contiguous int8 \(1, 20, 16, 2\)"):
+        avx2_gemm(q, i8.pack_avx2(torch.ones(16, 40, dtype=torch.int8)), 16, torch.ones(2),
                   torch.ones(16), None, 0)
 
 
@@ -205,7 +211,7 @@ def test_minilm_forced_avx2_path_in_this_process(minilm_dir, minilm_embeddings, 
     monkeypatch.setenv("VLLM_CPU_INT8_PATH", "avx2")
     monkeypatch.setenv("VLLM_CPU_INT8_BF16_ATTENTION", "0")  # as the reference's
     llm = LLM(minilm_dir, quantization="int8")
-    assert "int8 projections: AVX2 path (C++ vpmaddubsw + vpmaddwd kernel" in vllm_log.text
+    assert "int8 projections: AVX2 path (C++ int16 vpmaddwd kernel" in vllm_log.text
     assert "forced by VLLM_CPU_INT8_PATH=avx2" in vllm_log.text
     assert _gemm_paths(llm) == {"AVX2"}
     _check_minilm(np.array([o.outputs.embedding for o in llm.embed(TEXTS)]),

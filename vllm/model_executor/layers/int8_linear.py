@@ -15,8 +15,8 @@ there) runs it on csrc/int8_gemm_amx.cpp (tdpbssd tiles: exact int32 sums); VNNI
 (AVX512-VNNI without AMX, the default there) runs it on csrc/int8_gemm_vnni.cpp (`vpdpbusd`
 on x + 128, less a per-column compensation made at load: exact int32 sums); AVX2 (no int8 dot products, e.g.
 AMD Zen 2 / 3), where oneDNN's int8 GEMM saturates, runs it on csrc/int8_gemm_avx2.cpp
-(`vpmaddubsw` on |x| and sign(x) w, then `vpmaddwd`: exact int32 sums). Both C++ kernels
-read weights packed at load (`pack_avx2`) and fuse the dequantizing end into the same pass
+(x and w widened to int16, `vpmaddwd` pairs: exact int32 sums). The C++ kernels read
+weights packed at load (`pack_avx2`) and fuse the dequantizing end into the same pass
 (the same C++ formula as `dequantize_rows`), so their outputs are the VNNI path's bit for
 bit. The VNNI and AMX kernels can also quantize its output rows in that pass (`hidden`,
 `gated_hidden`: an MLP's hidden rows, handed to the down projection's `linear_add` by
@@ -123,7 +123,7 @@ def choose_path(flags: set[str], forced: str, onednn_exact: Callable[[], bool],
             f"({', '.join(DOT_FLAGS.values())}) or AVX2 with the C++ kernels; "
             f"{'this CPU has none of the former' if not dot else why} and the AVX2 kernel "
             f"is {avx2}. Leave quantization unset to run float32.")
-    return "AVX2", f"C++ vpmaddubsw + vpmaddwd kernel, exact int32 sums; {why}"
+    return "AVX2", f"C++ int16 vpmaddwd kernel, exact int32 sums; {why}"
 
 
 def _fused(path: str, flags: set[str], forced: str,
