@@ -17,10 +17,12 @@
 // bytes, widened in the loop to two ymm of 8 columns), columns past N and k past K zero:
 // int8 in memory, a quarter of the float32 weight. A register tile is 6 rows x 16 columns
 // (12 ymm accumulators); a row's pair of int16 activations is broadcast to all 8 lanes
-// (tiles of 1-5 rows where M leaves them). Activations are widened once per call into
-// zero-padded int16 rows. Each tile row's 16 sums go back to float from a stack buffer
-// (int8_dequantize.h: the same floats as the separate pass after oneDNN's GEMM), so no
-// int32 [M, N] goes through memory.
+// (tiles of 1-5 rows where M leaves them). A task (int8_gemm_common.h `run_tasks`, the
+// VNNI and AMX kernels' float end) widens its 48 rows into zero-padded int16 rows, makes
+// their int32 sums in a per-thread buffer, then turns each row back to float
+// (int8_dequantize.h: the same floats as the separate pass after oneDNN's GEMM) and, where
+// asked, layer-norms and quantizes it for the next projection while it is in L1: no int32
+// [M, N] goes through memory, and an MLP's hidden rows need not either.
 #include "int8_gemm_common.h"
 
 #include <immintrin.h>
@@ -35,11 +37,9 @@ namespace {
 using int8_gemm::kBlock;
 constexpr int kTileRows = 6;        // rows per register tile
 constexpr int64_t kPanelRows = 48;  // rows one task covers (their int16 copy stays in L2)
-constexpr int64_t kPanelBlocks = 4;  // blocks one task covers
+constexpr int64_t kTasksPerThread = 4;  // fewest tasks per thread before columns are split
 
 #if defined(__AVX2__) && VLLM_SIMD_WIDTH
-using int8_gemm::Dequantize;
-
 // A row's activations k, k + 1 (int16) in every 32-bit lane.
 inline __m256i broadcast_pair(const int16_t* p) {
   int32_t v;
@@ -61,12 +61,10 @@ inline void row_pair(__m256i& acc0, __m256i& acc1, const int16_t* a, __m256i w0,
   acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(s, w1));
 }
 
-// R (1..6) rows from row r0 (int16, stride kp) x the block of 16 columns from column c0,
-// `cols` of them written, dequantized, to out (row stride ldc). Named accumulators, not an
-// array: GCC then keeps all 12 in registers.
+// R (1..6) rows (int16, stride kp) x one block of 16 columns: their int32 sums to sums (row
+// stride ld). Named accumulators, not an array: GCC then keeps all 12 in registers.
 template <int R>
-void tile(const int16_t* a, int64_t kp, const int8_t* wb, int64_t r0, int64_t c0, int cols,
-          const Dequantize& dq, float* out, int64_t ldc) {
+void tile(const int16_t* a, int64_t kp, const int8_t* wb, int32_t* sums, int64_t ld) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
           c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
 #pragma GCC unroll 2
@@ -83,30 +81,35 @@ void tile(const int16_t* a, int64_t kp, const int8_t* wb, int64_t r0, int64_t c0
   const __m256i acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                              {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < R; ++r) {
-    alignas(32) int32_t row[kBlock];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(row), acc[r][0]);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(row + 8), acc[r][1]);
-    int8_gemm::store_row(row, r0 + r, c0, cols, dq, out, ldc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * ld), acc[r][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * ld + 8), acc[r][1]);
   }
 }
 
-void rows_tile(int rows, const int16_t* a, int64_t kp, const int8_t* wb, int64_t r0,
-               int64_t c0, int cols, const Dequantize& dq, float* out, int64_t ldc) {
+void rows_tile(int rows, const int16_t* a, int64_t kp, const int8_t* wb, int32_t* sums,
+               int64_t ld) {
   switch (rows) {
-    case 6: return tile<6>(a, kp, wb, r0, c0, cols, dq, out, ldc);
-    case 5: return tile<5>(a, kp, wb, r0, c0, cols, dq, out, ldc);
-    case 4: return tile<4>(a, kp, wb, r0, c0, cols, dq, out, ldc);
-    case 3: return tile<3>(a, kp, wb, r0, c0, cols, dq, out, ldc);
-    case 2: return tile<2>(a, kp, wb, r0, c0, cols, dq, out, ldc);
-    default: return tile<1>(a, kp, wb, r0, c0, cols, dq, out, ldc);
+    case 6: return tile<6>(a, kp, wb, sums, ld);
+    case 5: return tile<5>(a, kp, wb, sums, ld);
+    case 4: return tile<4>(a, kp, wb, sums, ld);
+    case 3: return tile<3>(a, kp, wb, sums, ld);
+    case 2: return tile<2>(a, kp, wb, sums, ld);
+    default: return tile<1>(a, kp, wb, sums, ld);
   }
 }
 
-// a [m, k] (row stride a_row) widened to int16 into zero-padded rows of kp.
-void widen_rows(const int8_t* a, int64_t m, int64_t k, int64_t a_row, int64_t kp,
-                int16_t* wide, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < m; ++r) {
+// Blocks per task: every block (whole rows, so a row can be normed and quantized in the
+// task) unless that leaves fewer than kTasksPerThread tasks per thread.
+int64_t task_blocks(int64_t m, int64_t blocks, int threads) {
+  const int64_t row_panels = (m + kPanelRows - 1) / kPanelRows;
+  const int64_t split = std::min(blocks, (kTasksPerThread * threads + row_panels - 1) / row_panels);
+  return (blocks + split - 1) / split;
+}
+
+// a [rows, k] (row stride a_row) widened to int16 into zero-padded rows of kp.
+void widen_rows(const int8_t* a, int64_t rows, int64_t k, int64_t a_row, int64_t kp,
+                int16_t* wide) {
+  for (int64_t r = 0; r < rows; ++r) {
     const int8_t* src = a + r * a_row;
     int16_t* dst = wide + r * kp;
     int64_t c = 0;
@@ -139,35 +142,57 @@ int vllm_int8_gemm_avx2_block() { return kBlock; }
 int vllm_int8_gemm_avx2_group() { return 2; }
 
 // out [m, n] float32 (row stride n) = epilogue(a [m, k] int8 (row stride a_row) x the packed
-// weight of n columns (see the top), dequantized as int8_dequantize.h with row_scales [m],
-// col_scales [n], bias [n] or null, other [m, n] (row stride other_row, modes 1, 2) or null.
-// Returns 0, or 1 where the build has no AVX2.
+// weight of n columns (see the top)), dequantized as int8_dequantize.h with row_scales [m],
+// col_scales [n], bias [n] or null, other [m, n] (row stride other_row, modes 1, 2) or null;
+// norm_w / norm_b / eps, bf16_out, q_out / q_scales as vllm_int8_gemm_vnni's (each row
+// layer-normed, rounded to bf16, or quantized for the next projection in the same pass;
+// out may then be null). Returns 0; 1 where the build has no AVX2; 3 where bf16_out is
+// asked of a build without AVX512-BF16.
+int vllm_int8_gemm_avx2_fused(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
+                              const int8_t* w_packed, int64_t n, const float* row_scales,
+                              const float* col_scales, const float* bias, const float* other,
+                              int64_t other_row, int mode, const float* norm_w,
+                              const float* norm_b, float eps, uint16_t* bf16_out, float* out,
+                              int8_t* q_out, float* q_scales, int threads) {
+#if !(defined(__AVX2__) && VLLM_SIMD_WIDTH)
+  return 1;
+#else
+  if (bf16_out && !VLLM_INT8_BF16_OUT) return 3;
+  threads = std::max(threads, 1);
+  const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
+                                  norm_w, norm_b, eps, bf16_out};
+  const int64_t kp = (k + 1) / 2 * 2;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int64_t per_task = task_blocks(m, blocks, threads);
+  int8_gemm::run_tasks(m, n, kPanelRows, per_task, threads, dq, out, q_out, q_scales,
+                       [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
+    // the task's rows widened and its int32 sums: per-thread buffers in L2, reused
+    thread_local std::vector<int16_t> wide;
+    thread_local std::vector<int32_t> sums;
+    wide.resize(kPanelRows * kp);
+    sums.resize(kPanelRows * per_task * kBlock);
+    widen_rows(a + r0 * a_row, r1 - r0, k, a_row, kp, wide.data());
+    ld = (b1 - b0) * kBlock;
+    for (int64_t b = b0; b < b1; ++b) {  // the block's weights stay in L1 over the rows
+      for (int64_t r = r0; r < r1; r += kTileRows)
+        rows_tile((int)std::min<int64_t>(kTileRows, r1 - r), wide.data() + (r - r0) * kp, kp,
+                  w_packed + b * kp * kBlock, sums.data() + (r - r0) * ld + (b - b0) * kBlock,
+                  ld);
+    }
+    return sums.data();
+  });
+  return 0;
+#endif
+}
+
+// vllm_int8_gemm_avx2_fused with floats only (the entry point before the fused end).
 int vllm_int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
                         const int8_t* w_packed, int64_t n, const float* row_scales,
                         const float* col_scales, const float* bias, const float* other,
                         int64_t other_row, int mode, float* out, int threads) {
-#if !(defined(__AVX2__) && VLLM_SIMD_WIDTH)
-  return 1;
-#else
-  threads = std::max(threads, 1);
-  const Dequantize dq{row_scales, col_scales, bias, other, other_row, mode};
-  const int64_t kp = (k + 1) / 2 * 2;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<int16_t> wide(m * kp);
-  widen_rows(a, m, k, a_row, kp, wide.data(), threads);
-  int8_gemm::for_each_panel(m, blocks, kPanelRows, kPanelBlocks, threads,
-                            [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {  // the block's weights stay in L1 over the rows
-      const int8_t* wb = w_packed + b * kp * kBlock;
-      const int cols = (int)std::min<int64_t>(kBlock, n - b * kBlock);
-      for (int64_t r = r0; r < r1; r += kTileRows) {
-        const int rows = (int)std::min<int64_t>(kTileRows, r1 - r);
-        rows_tile(rows, wide.data() + r * kp, kp, wb, r, b * kBlock, cols, dq, out, n);
-      }
-    }
-  });
-  return 0;
-#endif
+  return vllm_int8_gemm_avx2_fused(a, m, k, a_row, w_packed, n, row_scales, col_scales, bias,
+                                   other, other_row, mode, nullptr, nullptr, 0.0f, nullptr,
+                                   out, nullptr, nullptr, threads);
 }
 
 }  // extern "C"

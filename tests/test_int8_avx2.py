@@ -150,6 +150,52 @@ def test_layers_equal_the_onednn_path(avx2_gemm):
     assert avx2.linear(torch.empty(0, 100), pa, b, None).shape == (0, 75)
 
 
+def test_kernel_fused_float_end(avx2_gemm):
+    """The float end the VNNI and AMX kernels share (int8_gemm_common.h `run_tasks`), on the
+    AVX2 kernel: `quantized` rows are `quantize_rows` of its floats (`floats=False`: the
+    same bytes, no floats), `norm` is the separate C++ LayerNorm of them, `out_dtype=bf16`
+    their `.bfloat16()` (builds with AVX512-BF16), in whole-row tasks (400 rows) and tasks
+    that split the columns (few rows), with and without a residual."""
+    quantize, _ = cpu_kernels.int8_kernels()
+    layer_norm = cpu_kernels.int8_layer_norm_kernel()
+    g = torch.Generator().manual_seed(5)
+    for m, k, n, mode in [(400, 100, 384, 1), (5, 64, 1000, 6), (1, 37, 21, 0)]:
+        a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        args = (a, i8.pack_avx2(w, avx2_gemm.block, group=avx2_gemm.group), n,
+                torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100,
+                torch.randn(n, generator=g), mode,
+                torch.randn(m, n, generator=g) if mode == 1 else None)
+        plain = avx2_gemm(*args)
+        out, q, s = avx2_gemm(*args, quantized=True)
+        assert torch.equal(out, plain) and all(map(torch.equal, (q, s), quantize(plain)))
+        stand_in, q2, s2 = avx2_gemm(*args, quantized=True, floats=False)
+        assert torch.equal(q2, q) and torch.equal(s2, s) and not stand_in.any()
+        nw, nb = torch.randn(n, generator=g), torch.randn(n, generator=g)
+        assert torch.equal(avx2_gemm(*args, norm=(nw, nb, 1e-5)),
+                           layer_norm(plain, nw, nb, 1e-5)), (m, k, n)
+        if cpu_kernels.BF16_FLAGS <= cpu_kernels.cpu_flags() and \
+                cpu_kernels.kernel_isa() == "avx512":
+            assert torch.equal(avx2_gemm(*args, out_dtype=torch.bfloat16), plain.bfloat16())
+
+
+def test_mlp_hands_its_hidden_rows_over_on_the_avx2_path(avx2_gemm):
+    """`mlp_add` on the AVX2 path: the up GEMM quantizes its hidden rows in its pass (no
+    float hidden rows written), the down GEMM reads them: the floats of the separate calls."""
+    from vllm.model_executor.layers.linear import GatedLinear, Linear, mlp_add
+    gemm = i8.Avx2Int8Gemm(cpu_kernels.int8_kernels(), avx2_gemm)
+    assert gemm.fused_norm
+    torch.manual_seed(3)
+    for up in (Linear(64, 200, activation="gelu"), GatedLinear(64, 200)):
+        down = Linear(200, 64)
+        for layer in (up, down):
+            layer.bind(gemm)
+        x, residual = torch.randn(70, 64), torch.randn(70, 64)
+        assert torch.equal(mlp_add(up, down, x, residual), down.forward_add(up(x), residual))
+        hidden, quantized = up.forward_hidden(x)
+        assert quantized is not None and hidden.stride() == (0, 1) and not hidden.any()
+
+
 @pytest.mark.parametrize("flags,forced,exact,avx2_ok,want", [
     ({"avx2", "avx512_vnni"}, "auto", True, True, "VNNI"),
     ({"avx2", "avx_vnni"}, "auto", True, True, "VNNI"),

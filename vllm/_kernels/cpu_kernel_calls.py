@@ -234,20 +234,34 @@ def avx2_group(lib: ctypes.CDLL) -> int:
 def int8_gemm_avx2(lib: ctypes.CDLL, q: torch.Tensor, packed: torch.Tensor, n: int,
                    row_scales: torch.Tensor, col_scales: torch.Tensor,
                    bias: Optional[torch.Tensor], mode: int,
-                   other: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   other: Optional[torch.Tensor] = None, quantized: bool = False,
+                   floats: bool = True, norm: Optional[tuple] = None,
+                   out_dtype: torch.dtype = torch.float32):
     """q [M, K] int8 (unit column stride) x the int8 weight of n output columns packed for
     csrc/int8_gemm_avx2.cpp (`pack_avx2(group=2)`: [ceil(n / 16), ceil(K / 2), 16, 2]),
     exact int32 sums turned back to float in the same pass as `dequantize_rows` does:
-    float32 [M, n]."""
+    float32 [M, n]. `quantized`, `floats`, `norm`, `out_dtype` as `int8_gemm_vnni`'s
+    (libraries from session 22 on: `vllm_int8_gemm_avx2_fused`)."""
     m, k, out, bias_ptr, other_ptr, other_row = _packed_gemm_args(
         q, packed, n, lib.vllm_int8_gemm_avx2_block(), row_scales, col_scales, bias, other,
-        group=avx2_group(lib))
-    _check(lib.vllm_int8_gemm_avx2(
+        floats and out_dtype == torch.float32, group=avx2_group(lib))
+    if not hasattr(lib, "vllm_int8_gemm_avx2_fused"):
+        _check(not quantized and floats and norm is None and out_dtype == torch.float32,
+               "int8_gemm_avx2: this kernel library has no fused float end (rebuild it)")
+        _check(lib.vllm_int8_gemm_avx2(
+            q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
+            col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out.data_ptr(),
+            torch.get_num_threads()) == 0,
+            "int8_gemm_avx2: the kernel library was built without AVX2")
+        return out
+    pointers, result = _outputs(out, m, n, quantized, floats, out_dtype)
+    rc = lib.vllm_int8_gemm_avx2_fused(
         q.data_ptr(), m, k, q.stride(0), packed.data_ptr(), n, row_scales.data_ptr(),
-        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, out.data_ptr(),
-        torch.get_num_threads()) == 0,
-        "int8_gemm_avx2: the kernel library was built without AVX2")
-    return out
+        col_scales.data_ptr(), bias_ptr, other_ptr, other_row, mode, *_norm_args(norm, n),
+        *pointers, torch.get_num_threads())
+    _check(rc != 1, "int8_gemm_avx2: the kernel library was built without AVX2")
+    _check(rc != 3, "int8_gemm_avx2: a bfloat16 output needs a build with AVX512-BF16")
+    return result()
 
 
 def _outputs(out: torch.Tensor, m: int, n: int, quantized: bool, floats: bool,

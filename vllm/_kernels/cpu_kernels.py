@@ -146,6 +146,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.vllm_int8_gemm_avx2_block.restype = ctypes.c_int
         if hasattr(lib, "vllm_int8_gemm_avx2_group"):  # libraries before session 22: 4
             lib.vllm_int8_gemm_avx2_group.restype = ctypes.c_int
+        if hasattr(lib, "vllm_int8_gemm_avx2_fused"):  # likewise: no fused float end
+            lib.vllm_int8_gemm_avx2_fused.restype = ctypes.c_int
+            lib.vllm_int8_gemm_avx2_fused.argtypes = (
+                [_PTR, _I64, _I64, _I64, _PTR, _I64] + [_PTR] * 4 + [_I64, ctypes.c_int] +
+                _NORM + [_PTR, _PTR, _PTR, _PTR, ctypes.c_int])
         lib.vllm_int8_gemm_avx2.restype = ctypes.c_int
         lib.vllm_int8_gemm_avx2.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64] +
                                             [_PTR] * 4 + [_I64, ctypes.c_int, _PTR,
@@ -298,6 +303,8 @@ def _int8_gemm_kernel(name: str, flags: set[str], build: str, cpu: str
     kernel = functools.partial(getattr(cpu_kernel_calls, name), lib)
     kernel.block = lib.vllm_int8_gemm_avx2_block()  # the kernels' packed layout
     kernel.group = cpu_kernel_calls.avx2_group(lib) if name == "int8_gemm_avx2" else 4
+    # whether it takes quantized= / floats= / norm= / out_dtype= (the fused float end)
+    kernel.fused = name != "int8_gemm_avx2" or hasattr(lib, "vllm_int8_gemm_avx2_fused")
     return kernel
 
 

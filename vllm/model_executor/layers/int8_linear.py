@@ -18,11 +18,11 @@ AMD Zen 2 / 3), where oneDNN's int8 GEMM saturates, runs it on csrc/int8_gemm_av
 (x and w widened to int16, `vpmaddwd` pairs: exact int32 sums). The C++ kernels read
 weights packed at load (`pack_avx2`) and fuse the dequantizing end into the same pass
 (the same C++ formula as `dequantize_rows`), so their outputs are the VNNI path's bit for
-bit. The VNNI and AMX kernels can also quantize its output rows in that pass (`hidden`,
+bit. The C++ kernels can also quantize its output rows in that pass (`hidden`,
 `gated_hidden`: an MLP's hidden rows, handed to the down projection's `linear_add` by
 `linear.mlp_add`), the bytes `quantize_rows` would make of them, and then write no floats
 (the down projection reads only those). A post-LN block's LayerNorm (`linear_add_norm`)
-runs in the VNNI and AMX kernels' pass; the other paths run the same C++ formula after
+runs in the C++ kernels' pass; the oneDNN paths run the same C++ formula after
 their GEMM (`layer_norm`), so every path keeps the same floats. `linear_bf16`: a
 projection rounded to bfloat16 in the kernels' pass, for an attention that rounds its q/k/v
 to bf16 anyway.
@@ -282,17 +282,33 @@ class Avx2Int8Gemm(Int8Gemm):
     def __init__(self, kernels: Optional[tuple[Callable, Callable]], gemm: Callable) -> None:
         super().__init__(kernels, "AVX2")
         self.gemm = gemm
+        self.fused_norm = getattr(gemm, "fused", False)
 
     def pack(self, weight: torch.Tensor) -> Avx2Weight:
         w = quantize_weight(weight)
         return Avx2Weight(pack_avx2(w.q, self.gemm.block, group=self.gemm.group), w.scale)
 
+    def _gemm(self, q: torch.Tensor, scales: torch.Tensor, w, b, mode: int,
+              other: Optional[torch.Tensor], **fused):
+        return self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
+                         **fused)
+
     def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
                  other: Optional[torch.Tensor], keep: bool = False,
                  norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
         """The GEMM and the dequantizing end in one kernel pass (no int32 [M, N] in memory):
-        the floats of `dequantize_rows`."""
-        return self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other), None
+        the floats of `dequantize_rows`. Where the kernel has the fused float end
+        (`fused_norm`): `keep`, each output row quantized while it is in L1 (the down
+        projection's input; otherwise a pass over [M, N] floats in memory: MiniLM's [8155,
+        1536] hidden rows, 1.5 ms per layer), no floats written (the down projection reads
+        only the quantized rows): the floats returned are a stand-in with their shape
+        (zero-stride zeros); `norm`, each row layer-normed in the same pass; `bf16`, the
+        rows rounded to bfloat16 there."""
+        if not self.fused_norm:
+            return self._gemm(q, scales, w, b, mode, other), None
+        out = self._gemm(q, scales, w, b, mode, other, quantized=keep, floats=not keep,
+                         norm=norm, out_dtype=torch.bfloat16 if bf16 else torch.float32)
+        return (out[0], out[1:]) if keep else (out, None)
 
 
 class VnniInt8Gemm(Avx2Int8Gemm):
@@ -303,28 +319,17 @@ class VnniInt8Gemm(Avx2Int8Gemm):
 
     def __init__(self, kernels: Optional[tuple[Callable, Callable]], gemm: Callable) -> None:
         super().__init__(kernels, gemm)
-        self.path = "VNNI_FUSED"
+        self.path, self.fused_norm = "VNNI_FUSED", True
 
     def pack(self, weight: torch.Tensor) -> VnniWeight:
         w = quantize_weight(weight)
         return VnniWeight(pack_avx2(w.q, self.gemm.block),
                           column_compensation(w.q, self.gemm.block), w.scale)
 
-    fused_norm = True
-
-    def _project(self, q: torch.Tensor, scales: torch.Tensor, w: VnniWeight, b, mode: int,
-                 other: Optional[torch.Tensor], keep: bool = False,
-                 norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
-        """`keep`: the kernel quantizes each output row while it is in L1 (the down
-        projection's input; otherwise a pass over [M, N] floats in memory: MiniLM's [8155,
-        1536] hidden rows, 1.5 ms per layer) and writes no floats (the down projection
-        reads only the quantized rows): the floats returned are a stand-in with their shape
-        (zero-stride zeros). `norm`: each row layer-normed in the same pass; `bf16`: the
-        rows rounded to bfloat16 there."""
-        out = self.gemm(q, w.packed, w.comp, w.scale.shape[0], scales, w.scale, b, mode,
-                        other, quantized=keep, floats=not keep, norm=norm,
-                        out_dtype=torch.bfloat16 if bf16 else torch.float32)
-        return (out[0], out[1:]) if keep else (out, None)
+    def _gemm(self, q: torch.Tensor, scales: torch.Tensor, w: VnniWeight, b, mode: int,
+              other: Optional[torch.Tensor], **fused):
+        return self.gemm(q, w.packed, w.comp, w.scale.shape[0], scales, w.scale, b, mode,
+                         other, **fused)
 
 
 class AmxInt8Gemm(Avx2Int8Gemm):
@@ -335,21 +340,12 @@ class AmxInt8Gemm(Avx2Int8Gemm):
 
     def __init__(self, kernels: Optional[tuple[Callable, Callable]], gemm: Callable) -> None:
         super().__init__(kernels, gemm)
-        self.path = "AMX_FUSED"
+        self.path, self.fused_norm = "AMX_FUSED", True
 
     def pack(self, weight: torch.Tensor) -> Avx2Weight:
         w = quantize_weight(weight)
         return Avx2Weight(pack_avx2(w.q, self.gemm.block, self.gemm.slack), w.scale)
 
-    fused_norm = True
-
-    def _project(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
-                 other: Optional[torch.Tensor], keep: bool = False,
-                 norm: Optional[Norm] = None, bf16: bool = False) -> Projected:
-        out = self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
-                        quantized=keep, floats=not keep, norm=norm,  # as VnniInt8Gemm's
-                        out_dtype=torch.bfloat16 if bf16 else torch.float32)
-        return (out[0], out[1:]) if keep else (out, None)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

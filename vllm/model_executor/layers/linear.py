@@ -208,8 +208,8 @@ class Linear(nn.Linear):
                          quantized: Optional[Quantized] = None) -> torch.Tensor:
         """norm(x @ W.T + b + residual), a post-LN block's end: where `norm` is a LayerNorm
         over the output and the bound GEMM has `linear_add_norm` (int8: in its own pass on
-        the VNNI and AMX kernels, each row while it is in L1; the same C++ formula after
-        the GEMM on the other int8 paths), that; else `forward_add`, then `norm`."""
+        the C++ kernels, each row while it is in L1; the same C++ formula after the GEMM
+        on the oneDNN paths), that; else `forward_add`, then `norm`."""
         fused = hasattr(self.gemm, "linear_add_norm") and isinstance(norm, nn.LayerNorm) \
             and norm.weight is not None and norm.weight.dtype == torch.float32 \
             and tuple(norm.normalized_shape) == (self.out_features,) \
@@ -222,8 +222,8 @@ class Linear(nn.Linear):
     def forward_bf16(self, x: torch.Tensor) -> torch.Tensor:
         """forward(x).to(torch.bfloat16), for a projection whose only reader rounds its
         output to bf16 anyway (an int8 model's bf16 attention: `Attention.rounds_to_bf16`):
-        rounded in the bound GEMM's own pass where it can (int8, the VNNI and AMX kernels:
-        no floats written), the same values."""
+        rounded in the bound GEMM's own pass where it can (int8, the C++ kernels: no
+        floats written), the same values."""
         if hasattr(self.gemm, "linear_bf16") and self.activation is None and \
                 self.lora is None and self.skinny is None:
             return self.gemm.linear_bf16(x, self._gemm_weight(), self.bias)
@@ -231,7 +231,7 @@ class Linear(nn.Linear):
 
     def forward_hidden(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[Quantized]]:
         """An MLP's up projection: forward(x), and where the bound GEMM quantizes its output
-        in the same pass (int8, the VNNI and AMX kernels) those rows for the down
+        in the same pass (int8, the C++ kernels) those rows for the down
         projection's `forward_add(quantized=)`, else None. With them the floats are a
         stand-in of their shape only (the kernel writes none: the down projection reads
         the quantized rows)."""
