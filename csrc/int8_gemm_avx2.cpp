@@ -102,7 +102,8 @@ void rows_tile(int rows, const int16_t* a, int64_t kp, const int8_t* wb, int32_t
 // task) unless that leaves fewer than kTasksPerThread tasks per thread.
 int64_t task_blocks(int64_t m, int64_t blocks, int threads) {
   const int64_t row_panels = (m + kPanelRows - 1) / kPanelRows;
-  const int64_t split = std::min(blocks, (kTasksPerThread * threads + row_panels - 1) / row_panels);
+  const int64_t wanted = kTasksPerThread * threads;
+  const int64_t split = std::min(blocks, (wanted + row_panels - 1) / row_panels);
   return (blocks + split - 1) / split;
 }
 

@@ -1,7 +1,7 @@
 """quantization="int8" on CPUs with AVX2 and no int8 dot products (csrc/int8_gemm_avx2.cpp):
 the kernel's int32 sums exact against integer products on random shapes and at the
-saturation edges of a u8 x s8 `vpmaddubsw` (which the int16 `vpmaddwd` kernel must not have); its layers equal to the oneDNN (VNNI) path's; the path
-chosen by the CPU's features (`int8_linear.choose_path`), logged and reported; MiniLM within
+saturation edges of a u8 x s8 `vpmaddubsw` (which the int16 `vpmaddwd` kernel must not
+have); its fused float end; its layers equal to the oneDNN (VNNI) path's; the path chosen by the CPU's features (`int8_linear.choose_path`), logged and reported; MiniLM within
 cosine 0.99 of float32 and 1e-3 of the VNNI path. An AVX-512 machine runs the AVX2 path
 twice: in this process (the installed build's copy of the kernel, forced by
 VLLM_CPU_INT8_PATH=avx2), and in a fresh process as on an AVX2-only CPU: the kernel
@@ -45,8 +45,8 @@ def _sums(kernel: Callable, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The kernel's int32 sums a @ w.T, through its dequantizing end at unit scales (exact
     in float32 below 2^24: every case here stays below)."""
     m, n = a.shape[0], w.shape[0]
-    return kernel(a, i8.pack_avx2(w.contiguous(), kernel.block, group=kernel.group), n, torch.ones(m),
-                  torch.ones(n), None, 0)
+    packed = i8.pack_avx2(w.contiguous(), kernel.block, group=kernel.group)
+    return kernel(a, packed, n, torch.ones(m), torch.ones(n), None, 0)
 
 
 def _gemm_errors(kernel: Callable) -> list[str]:

@@ -309,12 +309,13 @@ def _int8_gemm_kernel(name: str, flags: set[str], build: str, cpu: str
 
 
 def int8_gemm_avx2_kernel() -> Optional[Callable]:
-    """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None) -> float32 [M, n]`:
-    the exact s8 x s8 GEMM for CPUs with AVX2 and no int8 dot products, dequantized as
-    `dequantize_rows` in the same pass (csrc/int8_gemm_avx2.cpp; `f.block`, `f.group`: the
-    packed weight's block of columns and k per group, `pack_avx2(q, f.block, group=f.group)`),
-    or None where the library, its AVX2 build or this CPU's
-    AVX2 is missing."""
+    """`f(q, packed, n, row_scales, col_scales, bias, mode, other=None, quantized=False,
+    floats=True, norm=None, out_dtype=float32)`: the exact s8 x s8 GEMM for CPUs with AVX2
+    and no int8 dot products, dequantized as `dequantize_rows` in the same pass
+    (csrc/int8_gemm_avx2.cpp; `f.block`, `f.group`: the packed weight's block of columns
+    and k per group, `pack_avx2(q, f.block, group=f.group)`; `f.fused`: the library has the
+    fused float end the keywords need), or None where the library, its AVX2 build or this
+    CPU's AVX2 is missing."""
     return _int8_gemm_kernel("int8_gemm_avx2", ISA_FLAGS["avx2"], "no AVX2", "AVX2")
 
 
@@ -324,8 +325,8 @@ VNNI_FLAGS = {"avx512f", "avx512bw", "avx512_vnni"}
 
 def int8_gemm_vnni_kernel() -> Optional[Callable]:
     """`f(q, packed, comp, n, row_scales, col_scales, bias, mode, other=None) -> float32
-    [M, n]`: the s8 x s8 GEMM on AVX512-VNNI over the packed weight (`pack_avx2`, group 4; and comp,
-    128 times its column sums), dequantized as `dequantize_rows` in the same pass
+    [M, n]`: the s8 x s8 GEMM on AVX512-VNNI over the packed weight (`pack_avx2`, group 4;
+    and comp, 128 times its column sums), dequantized as `dequantize_rows` in the same pass
     (csrc/int8_gemm_vnni.cpp), or None where the library, its AVX512-VNNI build or this
     CPU's AVX512-VNNI is missing."""
     return _int8_gemm_kernel("int8_gemm_vnni", VNNI_FLAGS,

@@ -288,7 +288,7 @@ class Avx2Int8Gemm(Int8Gemm):
         w = quantize_weight(weight)
         return Avx2Weight(pack_avx2(w.q, self.gemm.block, group=self.gemm.group), w.scale)
 
-    def _gemm(self, q: torch.Tensor, scales: torch.Tensor, w, b, mode: int,
+    def _gemm(self, q: torch.Tensor, scales: torch.Tensor, w: Avx2Weight, b, mode: int,
               other: Optional[torch.Tensor], **fused):
         return self.gemm(q, w.packed, w.scale.shape[0], scales, w.scale, b, mode, other,
                          **fused)
