@@ -56,3 +56,17 @@ def test_kernel_ab_child_times_each_shape():
     import bench_kernel_ab
     best = bench_kernel_ab.child("f32", ["minilm"], 1)
     assert set(best) == {"minilm"} and best["minilm"] > 0
+
+
+def test_int8_ports_times_each_step():
+    """bench_int8_ports: its C loops compile and every step has a positive rate."""
+    import platform
+    import shutil
+    import pytest
+    import bench_int8_ports
+    if platform.machine() != "x86_64" or shutil.which("gcc") is None:
+        pytest.skip("the AVX2 loops need an x86-64 CPU and gcc")
+    rates = bench_int8_ports.measure(100_000)
+    assert set(rates) == set(bench_int8_ports.STEPS) | {
+        "int16 + the kernel's widening (6 steps, 2 vpmovsxbw)"}
+    assert all(r > 0 for r in rates.values())
