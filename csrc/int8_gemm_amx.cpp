@@ -45,7 +45,6 @@ namespace {
 using int8_gemm::kBlock;
 constexpr int64_t kPanelRows = 64;      // rows one task covers (a multiple of 32)
 constexpr int64_t kTileK = 64;          // k one tile step covers
-constexpr int64_t kTasksPerThread = 4;  // fewest tasks per thread before columns are split
 
 // ldtilecfg's 64-byte operand (palette 1): every tile 16 rows x 64 bytes.
 struct TileConfig {
@@ -106,16 +105,6 @@ void tile_32x(const int8_t* u, int64_t kq, const int8_t* w, int64_t wstride, int
   }
 }
 
-// Blocks per task: all of them, unless the row panels alone leave a thread fewer than
-// kTasksPerThread tasks; then fewer, in pairs.
-int64_t panel_blocks(int64_t m, int64_t blocks, int threads) {
-  const int64_t row_panels = (m + kPanelRows - 1) / kPanelRows;
-  const int64_t pairs = (blocks + 1) / 2;
-  const int64_t wanted = kTasksPerThread * threads;
-  const int64_t split = std::min(pairs, (wanted + row_panels - 1) / row_panels);
-  return (pairs + split - 1) / split * 2;
-}
-
 // rows of a [rows, k] (row stride a_row) into a buffer of `padded` rows of kq bytes, the
 // rest zero.
 void copy_rows(const int8_t* a, int64_t rows, int64_t k, int64_t a_row, int64_t kq,
@@ -165,7 +154,8 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const int64_t blocks = (n + kBlock - 1) / kBlock, wstride = kp * kBlock;
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
                                   norm_w, norm_b, eps, bf16_out};
-  const int64_t task_blocks = panel_blocks(m, blocks, threads);
+  // split in pairs of blocks: a B tile is 32 columns
+  const int64_t task_blocks = int8_gemm::task_blocks(m, blocks, kPanelRows, 2, threads);
   int8_gemm::run_tasks(m, n, kPanelRows, task_blocks, threads, dq, out, q_out, q_scales,
                        [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     thread_local std::vector<int8_t> u;

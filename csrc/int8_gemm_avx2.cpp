@@ -37,7 +37,6 @@ namespace {
 using int8_gemm::kBlock;
 constexpr int kTileRows = 6;        // rows per register tile
 constexpr int64_t kPanelRows = 48;  // rows one task covers (their int16 copy stays in L2)
-constexpr int64_t kTasksPerThread = 4;  // fewest tasks per thread before columns are split
 
 #if defined(__AVX2__) && VLLM_SIMD_WIDTH
 // A row's activations k, k + 1 (int16) in every 32-bit lane.
@@ -98,15 +97,6 @@ void rows_tile(int rows, const int16_t* a, int64_t kp, const int8_t* wb, int32_t
   }
 }
 
-// Blocks per task: every block (whole rows, so a row can be normed and quantized in the
-// task) unless that leaves fewer than kTasksPerThread tasks per thread.
-int64_t task_blocks(int64_t m, int64_t blocks, int threads) {
-  const int64_t row_panels = (m + kPanelRows - 1) / kPanelRows;
-  const int64_t wanted = kTasksPerThread * threads;
-  const int64_t split = std::min(blocks, (wanted + row_panels - 1) / row_panels);
-  return (blocks + split - 1) / split;
-}
-
 // a [rows, k] (row stride a_row) widened to int16 into zero-padded rows of kp.
 void widen_rows(const int8_t* a, int64_t rows, int64_t k, int64_t a_row, int64_t kp,
                 int16_t* wide) {
@@ -164,7 +154,7 @@ int vllm_int8_gemm_avx2_fused(const int8_t* a, int64_t m, int64_t k, int64_t a_r
                                   norm_w, norm_b, eps, bf16_out};
   const int64_t kp = (k + 1) / 2 * 2;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const int64_t per_task = task_blocks(m, blocks, threads);
+  const int64_t per_task = int8_gemm::task_blocks(m, blocks, kPanelRows, 1, threads);
   int8_gemm::run_tasks(m, n, kPanelRows, per_task, threads, dq, out, q_out, q_scales,
                        [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     // the task's rows widened and its int32 sums: per-thread buffers in L2, reused

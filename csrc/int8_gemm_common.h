@@ -115,7 +115,20 @@ void for_each_panel(int64_t m, int64_t blocks, int64_t panel_rows, int64_t panel
   }
 }
 
-// A fused int8 GEMM (the VNNI and AMX kernels) over its tasks, with their shared float
+// Blocks per task: all of them (whole rows, so a task can norm and quantize its rows),
+// unless the row panels of panel_rows alone leave a thread fewer than 4 tasks; then fewer,
+// in whole units of `unit` blocks (a kernel's register tile).
+inline int64_t task_blocks(int64_t m, int64_t blocks, int64_t panel_rows, int64_t unit,
+                           int threads) {
+  constexpr int64_t kTasksPerThread = 4;
+  const int64_t row_panels = (m + panel_rows - 1) / panel_rows;
+  const int64_t units = (blocks + unit - 1) / unit;
+  const int64_t wanted = kTasksPerThread * threads;
+  const int64_t split = std::min(units, (wanted + row_panels - 1) / row_panels);
+  return (units + split - 1) / split * unit;
+}
+
+// A fused int8 GEMM (the AVX2, VNNI and AMX kernels) over its tasks, with their shared float
 // end: sums(r0, r1, b0, b1, ld) makes one task's int32 sums (rows [r0, r1) x blocks
 // [b0, b1)) and returns them, their row stride in ld; each task's rows then go back to
 // float (finish_rows), and where tasks split the rows' columns, finish_split_rows after

@@ -53,7 +53,6 @@ constexpr int kTileRows = 6;         // rows per register tile
 constexpr int kTileBlocks = 4;       // blocks per register tile
 constexpr int64_t kPanelRows = 48;   // rows one task covers (a multiple of kTileRows)
 constexpr int64_t kMaxChunk = 512;   // k one pass over a task covers (weights in L1)
-constexpr int64_t kTasksPerThread = 4;  // fewest tasks per thread before columns are split
 
 #if VLLM_INT8_VNNI
 // The weight every tile of a call reads.
@@ -151,16 +150,6 @@ void panel_sums(const Operands& op, const Panel& p, int64_t r1, int64_t b1) {
   }
 }
 
-// Blocks per task: all of them, unless the row panels alone leave a thread fewer than
-// kTasksPerThread tasks; then fewer, in whole register tiles.
-int64_t panel_blocks(int64_t m, int64_t blocks, int threads) {
-  const int64_t row_panels = (m + kPanelRows - 1) / kPanelRows;
-  const int64_t tiles = (blocks + kTileBlocks - 1) / kTileBlocks;
-  const int64_t wanted = kTasksPerThread * threads;
-  const int64_t split = std::min(tiles, (wanted + row_panels - 1) / row_panels);
-  return (tiles + split - 1) / split * kTileBlocks;
-}
-
 // The first n (0..64) bytes of a zmm.
 inline __mmask64 first_bytes(int64_t n) {
   return n >= 64 ? ~0ull : n <= 0 ? 0ull : (1ull << n) - 1;
@@ -213,7 +202,8 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const Operands op{w_packed, comp, kp};
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
                                   norm_w, norm_b, eps, bf16_out};
-  const int64_t task_blocks = panel_blocks(m, blocks, threads);
+  const int64_t task_blocks = int8_gemm::task_blocks(m, blocks, kPanelRows, kTileBlocks,
+                                                     threads);
   int8_gemm::run_tasks(m, n, kPanelRows, task_blocks, threads, dq, out, q_out, q_scales,
                        [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     // the task's rows shifted to u8 and its int32 sums: buffers in L1 / L2, reused
