@@ -32,10 +32,18 @@ def _skinny_layers(llm) -> int:
     return sum(1 for m in model.modules() if getattr(m, "skinny", None) is not None)
 
 
+def _gemms(llm) -> list[str]:
+    """The GEMMs the engine's float32 projections are bound to (layers.linear names)."""
+    from vllm.model_executor.layers.linear import Linear
+    model = llm.llm_engine.runner.model
+    return sorted({m.gemm.name for m in model.modules() if isinstance(m, Linear)})
+
+
 def run(model_dir: str, task: str) -> dict:
     """{"built": outputs of each engine right after it was built at THREAD_COUNTS[i],
     "rerun": each engine's outputs again at the caller's thread count, "skinny": each
-    engine's count of kernel-bound projections, "kernel": the kernel's status}."""
+    engine's count of kernel-bound projections, "gemms": the first engine's GEMMs,
+    "kernel": the kernel's status}."""
     from vllm import LLM
     from vllm._kernels.cpu_kernels import kernel_status
     before = torch.get_num_threads()
@@ -48,7 +56,7 @@ def run(model_dir: str, task: str) -> dict:
     finally:
         torch.set_num_threads(before)
     return {"built": built, "rerun": [_outputs(llm, task) for llm in engines],
-            "skinny": [_skinny_layers(llm) for llm in engines],
+            "skinny": [_skinny_layers(llm) for llm in engines], "gemms": _gemms(engines[0]),
             "kernel": kernel_status("skinny_gemm")}
 
 

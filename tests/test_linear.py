@@ -14,15 +14,33 @@ REFERENCE = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
-@pytest.fixture(params=["onednn", "torch"])
+def _cpp_gemm():
+    from vllm._kernels.cpu_kernels import f32_gemm_kernel
+    from vllm.model_executor.layers.f32_gemm import CppGemm
+    kernel = f32_gemm_kernel()
+    return None if kernel is None else CppGemm(kernel)
+
+
+@pytest.fixture(params=["onednn", "torch", "cpp"])
 def gemm(request):
-    """Each GEMM implementation (oneDNN skipped where torch has none)."""
+    """Each GEMM implementation (oneDNN skipped where torch has none, the C++ float32 GEMM
+    where the kernel library has no SIMD build; it runs other dtypes on torch ops)."""
+    if request.param == "cpp":
+        return _cpp_gemm() or pytest.skip("the C++ float32 GEMM is not built here")
     return lin.GEMMS[request.param]
 
 
 def _usable(gemm, dtype) -> None:
     if gemm is lin.ONEDNN and not lin.onednn_linear_ok(dtype):
         pytest.skip(f"oneDNN does not pass its self-check for {dtype} on this CPU")
+
+
+def _weight(gemm, w: torch.Tensor, gated: bool = False):
+    """w as `gemm` takes it: packed for the C++ GEMM where it packs that dtype (a gated
+    weight as its two halves), else plain (oneDNN takes a plain weight too)."""
+    if gemm.name != "cpp" or gemm.pack(w) is None:
+        return w
+    return tuple(map(gemm.pack, w.chunk(2, dim=0))) if gated else gemm.pack(w)
 
 
 def _inputs(dtype, m=37, k=96, n=80):
@@ -46,7 +64,7 @@ def test_linear_with_activation(gemm, dtype, activation):
     x, w, b, _ = _inputs(dtype)
     w = w[: w.shape[0] // 2]
     want = REFERENCE[activation](F.linear(x.double(), w.double(), b.double()))
-    _close(gemm.linear(x, w, b, activation), want, dtype)
+    _close(gemm.linear(x, _weight(gemm, w), b, activation), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -55,6 +73,7 @@ def test_linear_add_and_mul(gemm, dtype):
     x, w, b, other = _inputs(dtype)
     w = w[: w.shape[0] // 2]
     ref = F.linear(x.double(), w.double(), b.double())
+    w = _weight(gemm, w)
     _close(gemm.linear_add(x, other, w, b), ref + other.double(), dtype)
     _close(gemm.linear_mul(x, other, w, b), ref * other.double(), dtype)
     _close(gemm.linear_add(x, other, w, None), ref - b.double() + other.double(), dtype)
@@ -65,14 +84,15 @@ def test_gated_silu_is_silu_gate_times_up(gemm, dtype):
     _usable(gemm, dtype)
     x, w, _, _ = _inputs(dtype)
     gate, up = F.linear(x.double(), w.double()).chunk(2, dim=-1)
-    _close(gemm.gated(x, w), F.silu(gate) * up, dtype)
+    _close(gemm.gated(x, _weight(gemm, w, gated=True)), F.silu(gate) * up, dtype)
 
 
 def test_platform_choice(monkeypatch):
     """The CPU platform picks oneDNN where it passes its self-check, unless turned off;
-    float16 always gets F.linear."""
+    float16 always gets F.linear. (The C++ float32 GEMM's turn: test_f32_gemm.py.)"""
     from vllm.platforms import platform_for
     cpu = platform_for("cpu")
+    monkeypatch.setenv("VLLM_CPU_F32_GEMM", "onednn")
     want = "onednn" if lin.onednn_linear_ok(torch.float32) else "torch"
     assert cpu.linear_impl(torch.float32) == want
     assert cpu.linear_impl(torch.float16) == "torch"
@@ -107,7 +127,8 @@ def test_bound_layers_compute_the_same(gemm, dtype):
                  model["gated"](x)]
     for a, b in zip(before, after):
         torch.testing.assert_close(a, b, atol=TOL[dtype], rtol=TOL[dtype])
-    if gemm is lin.TORCH:
+    if gemm is lin.TORCH or (gemm.name == "cpp" and dtype != torch.float32):
+        # nothing packed (the C++ GEMM packs float32 only: other dtypes run torch's ops)
         assert packed == 0 and not any(p.is_meta for p in model.parameters())
         assert all(torch.equal(a, b) for a, b in zip(before, after))
         return

@@ -100,21 +100,27 @@ def _in_fresh_process(model_dir: str, task: str, **env: str) -> dict:
 
 @pytest.mark.skipif(not X86, reason="oneDNN's AVX2 cap and the AVX2 build need an x86 CPU "
                     "with AVX2 and FMA")
-@pytest.mark.parametrize("build", ["installed", "avx2"])
+@pytest.mark.parametrize("build", ["installed", "avx2", "avx2 onednn"])
 @pytest.mark.parametrize("fixture,task", CASES)
 def test_onednn_capped_to_avx2(request, fixture, task, build):
     """As on an AVX2-only CPU (oneDNN capped, its layout then follows the thread count),
-    with the installed kernel build and with the AVX2 build: equal to transformers, and
-    the AVX2 build really reads packed weights (a fallback to oneDNN alone cannot pass)."""
+    with the installed kernel build and with the AVX2 build: equal to transformers. The
+    AVX2 build binds float32 projections to its C++ GEMM (`VLLM_CPU_F32_GEMM=auto`); with
+    `onednn` it keeps oneDNN and really reads oneDNN's packed weights for few rows (a
+    fallback to oneDNN alone cannot pass)."""
     model_dir = request.getfixturevalue(fixture)
     env = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
-    if build == "avx2":
+    if build.startswith("avx2"):
         env["VLLM_CPU_KERNELS_LIB"] = str(request.getfixturevalue("avx2_library"))
+    if build == "avx2 onednn":
+        env["VLLM_CPU_F32_GEMM"] = "onednn"
     result = _in_fresh_process(model_dir, task, **env)
     _check(result, _reference(model_dir, task), task)
     if build == "avx2":
+        assert result["gemms"] == ["cpp"], result
+    if build == "avx2 onednn":
         assert "(avx2," in result["kernel"], result["kernel"]
-        assert min(result["skinny"]) > 0, result
+        assert result["gemms"] == ["onednn"] and min(result["skinny"]) > 0, result
 
 
 def test_a_copy_packed_at_another_layout_is_not_read():

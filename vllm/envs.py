@@ -70,6 +70,10 @@ environment_variables: dict[str, EnvVar] = {
                                    "installed one (developers: e.g. an AVX2 build, CMake's "
                                    "-DVLLM_CPU_ARCH=x86-64-v3, tested on an AVX-512 CPU)."),
     "VLLM_CPU_ONEDNN_LINEAR": EnvVar("1", _flag, "0: CPU projections use F.linear, not oneDNN."),
+    "VLLM_CPU_F32_GEMM": EnvVar("auto", lambda v: v.strip().lower() or "auto",
+                                "float32 CPU projections: auto (the C++ GEMM where the kernels "
+                                "are an AVX2 build, i.e. CPUs without AVX-512; else oneDNN), "
+                                "cpp (the C++ GEMM on any SIMD build) or onednn."),
     "VLLM_CPU_SKINNY_GEMM": EnvVar("1", _flag, "0: float32 projections of at most 64 rows "
                                    "use oneDNN, not the C++ kernel that reads its packed weights."),
     "VLLM_CPU_INT8_PATH": EnvVar("auto", lambda v: v.strip().lower() or "auto",

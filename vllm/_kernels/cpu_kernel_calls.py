@@ -113,33 +113,64 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor,
     return out
 
 
+def _epilogue_args(name: str, x: torch.Tensor, k: int, n: int,
+                   bias: Optional[torch.Tensor], mode: int,
+                   other: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """x and other (None unless mode 1 or 2) with unit column stride, checked: float32
+    [M, k] rows, bias a contiguous [n], other [M, n]."""
+    _check(x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k,
+           f"{name}: x must be float32 [M, {k}]")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if bias is not None:
+        _check(bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous(),
+               f"{name}: bias must be a contiguous float32 [{n}]")
+    if mode not in (1, 2):
+        return x, None
+    _check(other is not None and other.dtype == torch.float32 and
+           other.shape == (x.shape[0], n), f"{name}: other must be float32 [{x.shape[0]}, {n}]")
+    return x, other if other.stride(1) == 1 else other.contiguous()
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
 def skinny_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_ptr: int, n: int, k: int, kp: int,
                 nb: int, bias: Optional[torch.Tensor], mode: int,
                 other: Optional[torch.Tensor]) -> torch.Tensor:
     """(x @ W.T + bias) [mode 1: + other, 2: * other; 3 / 4 / 5: GELU / SiLU / ReLU of it]
     for a few rows of x, W packed by oneDNN in blocks of nb columns of [kp][nb]
     (csrc/skinny_gemm.cpp): out [M, n]."""
-    _check(x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k,
-           f"skinny_gemm: x must be float32 [M, {k}]")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if bias is not None:
-        _check(bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous(),
-               f"skinny_gemm: bias must be a contiguous float32 [{n}]")
-    with_other = mode in (1, 2)
-    if with_other:
-        _check(other is not None and other.dtype == torch.float32 and
-               other.shape == (x.shape[0], n), f"skinny_gemm: other must be float32 "
-               f"[{x.shape[0]}, {n}]")
-        if other.stride(1) != 1:
-            other = other.contiguous()
+    x, other = _epilogue_args("skinny_gemm", x, k, n, bias, mode, other)
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
     if lib.vllm_skinny_gemm(x.data_ptr(), x.shape[0], k, x.stride(0), weight_ptr, n, kp, nb,
-                            None if bias is None else bias.data_ptr(),
-                            other.data_ptr() if with_other else None,
-                            other.stride(0) if with_other else 0,
+                            _ptr(bias), _ptr(other), 0 if other is None else other.stride(0),
                             mode, out.data_ptr(), n, torch.get_num_threads()):
         raise RuntimeError(f"skinny_gemm: the kernel refused blocks of {nb} columns")
+    return out
+
+
+def f32_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int,
+             bias: Optional[torch.Tensor], mode: int, other: Optional[torch.Tensor] = None,
+             norm: Optional[tuple] = None) -> torch.Tensor:
+    """(x @ W.T + bias) [mode as skinny_gemm's], then where `norm` = (weight [n], bias [n] or
+    None, eps) each row layer-normed, in the GEMM's last pass (csrc/f32_gemm.cpp); W packed
+    as [blocks, k, block] (layers/f32_gemm.pack): out [M, n]."""
+    _check(packed.dtype == torch.float32 and packed.dim() == 3 and packed.is_contiguous() and
+           packed.shape[2] == lib.vllm_f32_gemm_block() and packed.shape[0] *
+           packed.shape[2] >= n, "f32_gemm: the weight is not packed for this library")
+    k = packed.shape[1]
+    x, other = _epilogue_args("f32_gemm", x, k, n, bias, mode, other)
+    norm_w, norm_b, eps = norm if norm is not None else (None, None, 0.0)
+    for t in (norm_w, norm_b):
+        _check(t is None or (t.dtype == torch.float32 and t.shape == (n,) and
+                             t.is_contiguous()), f"f32_gemm: norm weights must be float32 [{n}]")
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    lib.vllm_f32_gemm(x.data_ptr(), x.shape[0], k, x.stride(0), packed.data_ptr(), n,
+                      _ptr(bias), _ptr(other), 0 if other is None else other.stride(0), mode,
+                      _ptr(norm_w), _ptr(norm_b), eps, out.data_ptr(), n,
+                      torch.get_num_threads())
     return out
 
 

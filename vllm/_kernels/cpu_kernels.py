@@ -135,6 +135,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vllm_skinny_gemm.restype = ctypes.c_int
     lib.vllm_skinny_gemm.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR,
                                       _PTR, _I64, ctypes.c_int, _PTR, _I64, ctypes.c_int])
+    if hasattr(lib, "vllm_f32_gemm"):  # absent from libraries built before session 23
+        lib.vllm_f32_gemm_built.restype = lib.vllm_f32_gemm_block.restype = ctypes.c_int
+        lib.vllm_f32_gemm.restype = ctypes.c_int
+        lib.vllm_f32_gemm.argtypes = ([_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64,
+                                       ctypes.c_int] + _NORM + [_PTR, _I64, ctypes.c_int])
     lib.vllm_quantize_rows.restype = ctypes.c_int
     lib.vllm_quantize_rows.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, ctypes.c_int]
     lib.vllm_layer_norm_rows.argtypes = [_PTR, _I64, _I64, _I64] + _NORM + [_PTR, ctypes.c_int]
@@ -256,6 +261,23 @@ def skinny_gemm_kernel(engine: bool = True) -> Optional[Callable]:
     from vllm._kernels.cpu_kernel_calls import skinny_gemm
     kernel = functools.partial(skinny_gemm, lib)
     kernel.tile_width = lib.vllm_skinny_gemm_tile_width()
+    return kernel
+
+
+def f32_gemm_kernel() -> Optional[Callable]:
+    """`f(x, packed, n, bias, mode, other=None, norm=None) -> float32 [M, n]`: the float32
+    GEMM with its epilogue (and LayerNorm) in its last pass over a weight packed in blocks of
+    `f.block` columns (csrc/f32_gemm.cpp, layers/f32_gemm.py), or None where the library
+    or its SIMD build is missing (`kernel_status("f32_gemm")` says which)."""
+    lib = library()
+    if lib is None or not hasattr(lib, "vllm_f32_gemm") or not lib.vllm_f32_gemm_built():
+        _status["f32_gemm"] = _status["library"] if lib is None else \
+            "unavailable (a library without SIMD, or built before it existed)"
+        return None
+    _status["f32_gemm"] = _status["library"]
+    from vllm._kernels.cpu_kernel_calls import f32_gemm
+    kernel = functools.partial(f32_gemm, lib)
+    kernel.block = lib.vllm_f32_gemm_block()
     return kernel
 
 

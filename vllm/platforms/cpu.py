@@ -53,6 +53,27 @@ def _skinny_factory() -> Optional[Callable]:
     return functools.partial(skinny_weight, kernel)
 
 
+F32_GEMM_CHOICES = ("auto", "cpp", "onednn")  # VLLM_CPU_F32_GEMM
+
+
+@functools.lru_cache(maxsize=None)
+def _cpp_f32_gemm():
+    """The C++ float32 GEMM (layers.f32_gemm.CppGemm) where built and matching torch, else
+    None (logged once)."""
+    from vllm._kernels.cpu_kernels import f32_gemm_kernel, kernel_status
+    from vllm.model_executor.layers.f32_gemm import CppGemm, kernel_matches_torch
+    kernel = f32_gemm_kernel()
+    if kernel is None:
+        logger.warning("float32 projections: oneDNN; the C++ GEMM is %s",
+                       kernel_status("f32_gemm"))
+        return None
+    gemm = CppGemm(kernel)
+    if not kernel_matches_torch(gemm):
+        logger.warning("float32 projections: oneDNN; the C++ GEMM differs from F.linear")
+        return None
+    return gemm
+
+
 class CpuPlatform(Platform):
     device_type = "cpu"
 
@@ -73,9 +94,13 @@ class CpuPlatform(Platform):
         else:
             logger.info("CPU allocator: torch's huge-page buffers are off (THP_MEM_ALLOC_ENABLE "
                         "is 0, or torch was imported before vllm).")
-        onednn = self.linear_impl(dtype) == "onednn"
-        logger.info("Linear layers: %s", "oneDNN GEMM with fused activation/residual epilogues "
-                    "(VLLM_CPU_ONEDNN_LINEAR=0 turns it off)" if onednn else "F.linear")
+        impl = self.linear_impl(dtype)
+        onednn = impl == "onednn"
+        logger.info("Linear layers: %s", {
+            "cpp": "C++ float32 GEMM with fused activation/residual/LayerNorm epilogues "
+                   f"(VLLM_CPU_F32_GEMM={envs.VLLM_CPU_F32_GEMM}; onednn turns it off)",
+            "onednn": "oneDNN GEMM with fused activation/residual epilogues "
+                      "(VLLM_CPU_ONEDNN_LINEAR=0 turns it off)"}.get(impl, "F.linear"))
         if onednn:
             caps = {name: envs.get(name) or "unset, 1024" for name in SHAPE_CACHE_ENVS}
             logger.info("oneDNN per-shape caches bounded so memory levels off: %s",
@@ -124,8 +149,34 @@ class CpuPlatform(Platform):
         return None
 
     def linear_impl(self, dtype: torch.dtype) -> str:
+        """"cpp" for float32 where `cpp_f32_gemm` gives the C++ GEMM; else "onednn" where
+        oneDNN passes its self-check; "torch" for the rest and under
+        VLLM_CPU_ONEDNN_LINEAR=0 (F.linear everywhere)."""
         from vllm.model_executor.layers.linear import onednn_linear_ok
-        return "onednn" if envs.VLLM_CPU_ONEDNN_LINEAR and onednn_linear_ok(dtype) else "torch"
+        if not envs.VLLM_CPU_ONEDNN_LINEAR:
+            return "torch"
+        if dtype == torch.float32 and self.cpp_f32_gemm() is not None:
+            return "cpp"
+        return "onednn" if onednn_linear_ok(dtype) else "torch"
+
+    def linear_gemm(self, dtype: torch.dtype):
+        return self.cpp_f32_gemm() if self.linear_impl(dtype) == "cpp" else \
+            super().linear_gemm(dtype)
+
+    def cpp_f32_gemm(self):
+        """The C++ float32 GEMM (layers.f32_gemm) where VLLM_CPU_F32_GEMM asks for it: "cpp",
+        or "auto" with an AVX2 build of the kernels (oneDNN's AVX2 GEMM ran at 82% of the
+        FMA peak in the engine, this one at ~90%; on AVX-512 oneDNN's runs at ~97%) and
+        where it is built and matches torch; else None. Raises ValueError for an unknown
+        choice."""
+        from vllm._kernels.cpu_kernels import kernel_isa
+        choice = envs.VLLM_CPU_F32_GEMM
+        if choice not in F32_GEMM_CHOICES:
+            raise ValueError(f"VLLM_CPU_F32_GEMM={choice!r}: use one of "
+                             f"{', '.join(F32_GEMM_CHOICES)}")
+        if choice == "onednn" or (choice == "auto" and kernel_isa() != "avx2"):
+            return None
+        return _cpp_f32_gemm()
 
     def check_quantization(self, method: str) -> None:
         """int8 runs where the CPU has int8 dot products (VNNI or AMX-INT8: oneDNN's GEMM)

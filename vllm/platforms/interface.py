@@ -158,8 +158,13 @@ class Platform:
 
     # ----- ops ----------------------------------------------------------------------------
     def linear_impl(self, dtype: torch.dtype) -> str:
-        """'onednn' or 'torch': the GEMM implementation Linear layers bind to."""
+        """'cpp', 'onednn' or 'torch': the GEMM implementation Linear layers bind to."""
         return "torch"
+
+    def linear_gemm(self, dtype: torch.dtype):
+        """The `layers.linear` GEMM object of `linear_impl`."""
+        from vllm.model_executor.layers.linear import GEMMS
+        return GEMMS[self.linear_impl(dtype)]
 
     def rms_norm_kernel(self, dtype: torch.dtype) -> Optional[Callable]:
         """A fused RMSNorm `f(x, weight, eps)` for this dtype, or None (torch ops)."""

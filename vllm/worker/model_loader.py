@@ -18,7 +18,7 @@ from vllm.config.tasks import token_head_method
 from vllm.logger import init_logger
 from vllm.attention.backends.registry import get_backend
 from vllm.model_executor.layers.attention import Attention, bind_attention
-from vllm.model_executor.layers.linear import GEMMS, Linear, bind_linear
+from vllm.model_executor.layers.linear import Linear, bind_linear
 from vllm.model_executor.layers.norm import RMSNorm, bind_rms_norm
 from vllm.model_executor.models.adapters import DenseLayer, RewardHead
 from vllm.model_executor.models.registry import load_model_class
@@ -110,7 +110,7 @@ def bind_ops(model: PoolingModel, platform: Platform, dtype: torch.dtype,
         count = bind_linear(model.model, platform.int8_gemm())
         logger.info("Linear layers: %d backbone projections in int8; heads, embeddings "
                     "and norms in float32.", count)
-    gemm = GEMMS[platform.linear_impl(dtype)]
+    gemm = platform.linear_gemm(dtype)
     packed = bind_linear(model, gemm, platform.skinny_gemm(dtype)) - count  # int8 kept
     if packed:
         few = sum(m.skinny is not None for m in model.modules() if isinstance(m, Linear))

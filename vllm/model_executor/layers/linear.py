@@ -7,7 +7,9 @@ GFLOP/s) and applies an activation, a residual add or a multiply in the GEMM's e
 so those element-wise passes over [tokens x width] disappear. The CPU platform picks
 `ONEDNN` once per dtype when it passes a self-check against `F.linear` (and
 `VLLM_CPU_ONEDNN_LINEAR` is not 0); every other case uses `TORCH` (plain `F.linear` and
-separate element-wise ops; cuBLAS on CUDA).
+separate element-wise ops; cuBLAS on CUDA). Where the C++ kernels are an AVX2 build (CPUs
+without AVX-512, whose oneDNN GEMM falls further short of the FMA peak), float32 binds the
+C++ GEMM of `layers.f32_gemm` instead, which has this module's `Gemm` interface.
 
 `bind(impl)` sets a layer's implementation and, for `ONEDNN`, packs its weight once into
 oneDNN's blocked layout, which oneDNN otherwise rebuilds from the plain [out, in] weight on
