@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm._kernels import cpu_kernels
-from vllm.platforms.cpu import _skinny_factory
+from vllm.platforms.cpu import _skinny_kernel
 
 NONE = torch.empty(0, dtype=torch.long)
 pytestmark = pytest.mark.skipif(
@@ -119,11 +119,11 @@ def fresh_library(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("VLLM_CPU_KERNELS_LIB", raising=False)
     cpu_kernels.library.cache_clear()
-    _skinny_factory.cache_clear()  # the platform's kernel choice, made once per process
+    _skinny_kernel.cache_clear()  # the platform's kernel choice, made once per process
     yield tmp_path
     monkeypatch.undo()
     cpu_kernels.library.cache_clear()
-    _skinny_factory.cache_clear()
+    _skinny_kernel.cache_clear()
     cpu_kernels.library()
 
 

@@ -82,6 +82,24 @@ def test_a_row_is_the_same_in_any_batch_and_thread_count(gemm):
         torch.set_num_threads(before)
 
 
+def test_the_few_row_kernel_reads_its_packed_weights(gemm):
+    """layers.skinny_gemm's kernel over this GEMM's packed copy (kp = K, nb = its block):
+    every epilogue equal to torch at 1-64 rows, with a partial last block."""
+    from vllm._kernels.cpu_kernels import skinny_gemm_kernel
+    kernel = skinny_gemm_kernel(engine=False)
+    if kernel is None:
+        pytest.skip("the kernel library has no few-row kernel here")
+    x, w, b, other = _case(64, 200, 37)
+    skinny = fg.skinny_weight(kernel, gemm.pack(w), w)
+    assert skinny is not None and (skinny.kp, skinny.nb) == (200, KERNEL.block)
+    ref = F.linear(x.double(), w.double(), b.double())
+    for rows in (1, 7, 64):
+        for mode, want in ((None, ref), ("gelu", F.gelu(ref)), ("add", ref + other.double()),
+                           ("mul", ref * other.double())):
+            got = skinny(x[:rows], b, mode, other[:rows] if mode in ("add", "mul") else None)
+            torch.testing.assert_close(got.double(), want[:rows], atol=2e-5, rtol=1e-5)
+
+
 def test_weights_it_does_not_pack_run_on_torch(gemm):
     """bfloat16 (or any non-float32) weights stay plain and run torch's ops."""
     x, w, b, other = (t.bfloat16() for t in _case(9, 64, 32))
@@ -111,7 +129,7 @@ def test_platform_choice(monkeypatch):
     assert cpu.linear_impl(torch.float32) == "cpp"
     assert isinstance(cpu.linear_gemm(torch.float32), fg.CppGemm)
     assert cpu.linear_impl(torch.bfloat16) != "cpp"
-    assert cpu.skinny_gemm(torch.float32) is None  # the C++ GEMM takes few rows itself
+    assert cpu.skinny_gemm(torch.float32).func is fg.skinny_weight  # few rows: on its weights
     monkeypatch.setenv("VLLM_CPU_F32_GEMM", "onednn")
     assert cpu.linear_impl(torch.float32) == other
     monkeypatch.setenv("VLLM_CPU_F32_GEMM", "cpp")
@@ -124,9 +142,11 @@ def test_platform_choice(monkeypatch):
 
 
 def _bound_gemms(llm) -> set[str]:
+    """The GEMMs of the engine's projections, "+few" where few rows run the few-row kernel."""
     from vllm.model_executor.layers.linear import Linear
     model = llm.llm_engine.runner.model
-    return {m.gemm.name for m in model.modules() if isinstance(m, Linear)}
+    return {m.gemm.name + ("+few" if m.skinny is not None else "")
+            for m in model.modules() if isinstance(m, Linear)}
 
 
 def test_minilm_on_the_cpp_gemm_matches_sentence_transformers(monkeypatch, minilm_dir):
@@ -138,7 +158,7 @@ def test_minilm_on_the_cpp_gemm_matches_sentence_transformers(monkeypatch, minil
     texts = ["a short sentence", "the quick brown fox jumps over the lazy dog " * 20,
              "vLLM pools hidden states into one embedding per prompt"]
     llm = LLM(model=minilm_dir)
-    assert _bound_gemms(llm) == {"cpp"}
+    assert _bound_gemms(llm) == {"cpp+few"}
     got = np.array([o.outputs.embedding for o in llm.embed(texts)])
     want = SentenceTransformer(minilm_dir, device="cpu").encode(texts)
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
@@ -154,7 +174,7 @@ def test_gated_qwen3_classifier_on_the_cpp_gemm_matches_transformers(monkeypatch
     monkeypatch.setenv("VLLM_CPU_F32_GEMM", "cpp")
     texts = ["what is the capital of France?", "Paris is the capital of France. " * 9]
     llm = LLM(model=qwen3_cls_dir)
-    assert _bound_gemms(llm) == {"cpp"}
+    assert _bound_gemms(llm) == {"cpp+few"}
     tok = mf.hf_tokenizer(qwen3_cls_dir)
     for text, out in zip(texts, llm.classify(texts)):
         want = mf.probs_from_logits(mf.hf_seqcls_logits(qwen3_cls_dir,

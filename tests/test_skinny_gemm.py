@@ -124,12 +124,12 @@ def test_a_kernel_that_disagrees_is_not_used(monkeypatch, vllm_log):
     platform keeps oneDNN for every row count and says so once."""
     from vllm.platforms import cpu
     monkeypatch.setattr(sg, "kernel_matches_torch", lambda kernel: False)
-    cpu._skinny_factory.cache_clear()
+    cpu._skinny_kernel.cache_clear()
     try:
         assert cpu.CpuPlatform("cpu").skinny_gemm(torch.float32) is None
         assert "does not read this oneDNN's packed weights" in vllm_log.text
     finally:
-        cpu._skinny_factory.cache_clear()
+        cpu._skinny_kernel.cache_clear()
     assert cpu.CpuPlatform("cpu").skinny_gemm(torch.bfloat16) is None
 
 

@@ -35,22 +35,23 @@ INT8_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": 
 
 
 @functools.lru_cache(maxsize=None)
-def _skinny_factory() -> Optional[Callable]:
+def _skinny_kernel() -> Optional[Callable]:
+    """The C++ few-row kernel where built and matching F.linear on oneDNN's packed weights,
+    else None (logged once)."""
     from vllm._kernels.cpu_kernels import kernel_status, skinny_gemm_kernel
-    from vllm.model_executor.layers.skinny_gemm import (MAX_ROWS, kernel_matches_torch,
-                                                        skinny_weight)
+    from vllm.model_executor.layers.skinny_gemm import MAX_ROWS, kernel_matches_torch
     kernel = skinny_gemm_kernel()
     if kernel is None:
-        logger.info("Projections of few rows: oneDNN; C++ kernel %s",
+        logger.info("Projections of few rows: the GEMM's own; C++ kernel %s",
                     kernel_status("skinny_gemm"))
         return None
     if not kernel_matches_torch(kernel):
-        logger.warning("Projections of few rows: oneDNN; the C++ kernel does not read this "
-                       "oneDNN's packed weights or differs from F.linear")
+        logger.warning("Projections of few rows: the GEMM's own; the C++ kernel does not read "
+                       "this oneDNN's packed weights or differs from F.linear")
         return None
-    logger.info("Projections of up to %d rows: C++ kernel on oneDNN's packed weights "
+    logger.info("Projections of up to %d rows: C++ few-row kernel on the packed weights "
                 "(VLLM_CPU_SKINNY_GEMM=0 turns it off)", MAX_ROWS)
-    return functools.partial(skinny_weight, kernel)
+    return kernel
 
 
 F32_GEMM_CHOICES = ("auto", "cpp", "onednn")  # VLLM_CPU_F32_GEMM
@@ -242,11 +243,15 @@ class CpuPlatform(Platform):
 
     def skinny_gemm(self, dtype: torch.dtype) -> Optional[Callable]:
         """float32 on oneDNN: the C++ few-row kernel over oneDNN's packed weights, where it
-        is built and matches F.linear (checked and logged once)."""
-        if dtype != torch.float32 or not envs.VLLM_CPU_SKINNY_GEMM or \
-                self.linear_impl(dtype) != "onednn":
+        is built and matches F.linear (checked and logged once); on the C++ GEMM, the same
+        kernel over that GEMM's packed weights (the layout it reads)."""
+        if dtype != torch.float32 or not envs.VLLM_CPU_SKINNY_GEMM:
             return None
-        return _skinny_factory()
+        from vllm.model_executor.layers import f32_gemm, skinny_gemm
+        factory = {"cpp": f32_gemm.skinny_weight, "onednn": skinny_gemm.skinny_weight}.get(
+            self.linear_impl(dtype))
+        kernel = None if factory is None else _skinny_kernel()
+        return None if kernel is None else functools.partial(factory, kernel)
 
     def rms_norm_kernel(self, dtype: torch.dtype) -> Optional[Callable]:
         """The C++ one-pass kernel (float32, bfloat16), built or loaded now (logged once)."""

@@ -9,8 +9,10 @@ oneDNN runs at ~97% of peak and stays the default (`platforms.cpu.CpuPlatform.f3
 
 The weight is packed once (`pack`): blocks of `kernel.block` output columns, each
 [K][block] with its columns contiguous, the last block zero-padded. It is as large as the
-plain weight, which `Linear.bind` then releases. The kernel has no per-shape setup, so a
-few-row step needs no separate kernel.
+plain weight, which `Linear.bind` then releases. That is the layout the few-row kernel
+(layers.skinny_gemm) reads with kp = K, nb = block, so calls of at most 64 rows run it on
+the same copy (`skinny_weight`): it streams the weight with a prefetch ahead, 1.08-1.16x
+this GEMM at 9-64 rows of MiniLM's projections (AVX2 build, Zen 4).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.model_executor.layers.linear import TORCH
-from vllm.model_executor.layers.skinny_gemm import MODES
+from vllm.model_executor.layers.skinny_gemm import MODES, SkinnyWeight
 
 Norm = tuple[torch.Tensor, Optional[torch.Tensor], float]  # LayerNorm weight, bias, eps
 # activations the kernel applies in its epilogue (others: a torch op after it)
@@ -42,6 +44,18 @@ class PackedF32:
 
     def __init__(self, data: torch.Tensor, n: int) -> None:
         self.data, self.n = data, n
+
+
+def skinny_weight(kernel: Callable, packed: "PackedF32",
+                  weight: torch.Tensor) -> Optional[SkinnyWeight]:
+    """The few-row kernel (`cpu_kernels.skinny_gemm_kernel()`) over a weight this module
+    packed, where its tile width divides the block (a `skinny_gemm.SkinnyFactory`)."""
+    if not isinstance(packed, PackedF32):
+        return None
+    blocks, k, block = packed.data.shape
+    if block % kernel.tile_width:
+        return None
+    return SkinnyWeight(kernel, packed.data, packed.n, k, k, block)
 
 
 class CppGemm:

@@ -117,7 +117,9 @@ class SkinnyWeight:
     def __init__(self, kernel: Callable, packed: torch.Tensor, n: int, k: int, kp: int,
                  nb: int) -> None:
         self.kernel, self.packed = kernel, packed  # keeps the buffer alive
-        self.pointer = torch.ops.mkldnn.data_ptr(packed)
+        # oneDNN's opaque copy, or a plain tensor in the same layout (layers.f32_gemm)
+        self.pointer = torch.ops.mkldnn.data_ptr(packed) if packed.is_mkldnn else \
+            packed.data_ptr()
         self.n, self.k, self.kp, self.nb = n, k, kp, nb
 
     def takes(self, x: torch.Tensor) -> bool:
