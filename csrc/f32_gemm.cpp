@@ -76,11 +76,14 @@ inline void finish_row(vf lo, vf hi, const Finish& f, int r) {
     out[c] = epilogue::scalar_epilogue(row[c] + (f.bias ? f.bias[c] : 0.0f), f.mode, other, c);
 }
 
-// R rows of a (row stride a_row, from the pass's first k) x one block's kc x NB weights.
-// first: the sums start at 0, else at acc (row stride acc_ld); last: finished into f, else
-// stored back to acc.
+// R rows of a (row r's k-th value at a[r * rows.row + k * rows.k]) x one block's kc x NB
+// weights. first: the sums start at 0, else at acc (row stride acc_ld); last: finished into
+// f, else stored back to acc.
+struct Steps {
+  int64_t row, k;
+};
 template <int R>
-void tile(const float* a, int64_t a_row, const float* w, int64_t kc, bool first, bool last,
+void tile(const float* a, Steps steps, const float* w, int64_t kc, bool first, bool last,
           float* acc, int64_t acc_ld, const Finish& f) {
   vf lo[R], hi[R];
   _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
@@ -91,7 +94,7 @@ void tile(const float* a, int64_t a_row, const float* w, int64_t kc, bool first,
   for (int64_t e = 0; e < kc; ++e) {
     const vf w0 = simd::load(w + e * NB), w1 = simd::load(w + e * NB + W);
     _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
-      const vf x = simd::set1(a[r * a_row + e]);
+      const vf x = simd::set1(a[r * steps.row + e * steps.k]);
       lo[r] = simd::fmadd(x, w0, lo[r]);
       hi[r] = simd::fmadd(x, w1, hi[r]);
     }
@@ -108,12 +111,12 @@ void tile(const float* a, int64_t a_row, const float* w, int64_t kc, bool first,
 
 // One tile of `rows` (1..MR) rows, dispatched to its compile-time row count.
 template <int R = MR>
-void tile_any(int rows, const float* a, int64_t a_row, const float* w, int64_t kc, bool first,
+void tile_any(int rows, const float* a, Steps steps, const float* w, int64_t kc, bool first,
               bool last, float* acc, int64_t acc_ld, const Finish& f) {
   if constexpr (R > 1) {
-    if (rows < R) return tile_any<R - 1>(rows, a, a_row, w, kc, first, last, acc, acc_ld, f);
+    if (rows < R) return tile_any<R - 1>(rows, a, steps, w, kc, first, last, acc, acc_ld, f);
   }
-  tile<R>(a, a_row, w, kc, first, last, acc, acc_ld, f);
+  tile<R>(a, steps, w, kc, first, last, acc, acc_ld, f);
 }
 
 struct Gemm {
@@ -126,13 +129,34 @@ struct Gemm {
   // Rows [r0, r1) x blocks [b0, b1), every pass over k.
   void task(int64_t r0, int64_t r1, int64_t b0, int64_t b1) const {
     thread_local std::vector<float> scratch;  // a last block narrower than NB: its sums
+    thread_local std::vector<float> panel;    // the pass's rows, packed (`packs`)
+    if (packs()) panel.resize(kPanelRows * KC);
     for (int64_t k0 = 0; k0 < k; k0 += KC) {
       const int64_t kc = std::min(KC, k - k0);
-      for (int64_t b = b0; b < b1; ++b) block(r0, r1, b, k0, kc, scratch);
+      if (packs()) pack_rows(r0, r1, k0, kc, panel.data());
+      for (int64_t b = b0; b < b1; ++b) block(r0, r1, b, k0, kc, panel.data(), scratch);
     }
   }
 
-  void block(int64_t r0, int64_t r1, int64_t b, int64_t k0, int64_t kc,
+  // Whether a task copies its rows first (`pack_rows`): where they are a multiple of 4 KB
+  // apart, a tile's rows share one L1 set (8 ways) with the weights' lines. Qwen3-0.6B's
+  // shapes (K 1024, 2048, 3072) ran 1.06x faster packed; MiniLM's (384, 1536) 0.98x.
+  bool packs() const { return a_row % 1024 == 0; }
+
+  // Rows [r0, r1) x k [k0, k0 + kc) as each register tile reads them: its rows' k-th
+  // values side by side ([kc][rows], tile after tile).
+  void pack_rows(int64_t r0, int64_t r1, int64_t k0, int64_t kc, float* panel) const {
+    for (int64_t r = r0; r < r1; r += MR) {
+      const int64_t rows = std::min<int64_t>(MR, r1 - r);
+      float* dst = panel + (r - r0) * kc;
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* src = a + (r + i) * a_row + k0;
+        for (int64_t e = 0; e < kc; ++e) dst[e * rows + i] = src[e];
+      }
+    }
+  }
+
+  void block(int64_t r0, int64_t r1, int64_t b, int64_t k0, int64_t kc, const float* panel,
              std::vector<float>& scratch) const {
     const int64_t c0 = b * NB;
     const int cols = (int)std::min<int64_t>(NB, n - c0);
@@ -142,8 +166,11 @@ struct Gemm {
     for (int64_t r = r0; r < r1; r += MR) {
       const Finish f = end.at(r, c0, cols);
       float* acc = cols == NB ? f.out : scratch.data() + (r - r0) * NB;
-      tile_any((int)std::min<int64_t>(MR, r1 - r), a + r * a_row + k0, a_row, wb, kc, first,
-               last, acc, cols == NB ? end.out_row : NB, f);
+      const int rows = (int)std::min<int64_t>(MR, r1 - r);
+      const float* rows_a = packs() ? panel + (r - r0) * kc : a + r * a_row + k0;
+      const Steps steps = packs() ? Steps{1, rows} : Steps{a_row, 1};
+      tile_any(rows, rows_a, steps, wb, kc, first, last, acc, cols == NB ? end.out_row : NB,
+               f);
     }
   }
 };
@@ -174,10 +201,11 @@ int vllm_f32_gemm(const float* a, int64_t m, int64_t k, int64_t a_row, const flo
   threads = std::max(threads, 1);
   const Gemm gemm{a, k, a_row, w, n, {bias, other, other_row, mode, out, out_row, (int)n}};
   const int64_t blocks = (n + NB - 1) / NB;
-  const int64_t per_task = gemm_tasks::task_blocks(m, blocks, kPanelRows, 1, threads);
+  const auto rows = gemm_tasks::RowSplit::balanced(m, kPanelRows, MR, threads);
+  const int64_t per_task = gemm_tasks::blocks_per_task(rows.count, blocks, 1, threads);
   const bool whole_rows = per_task >= blocks;
-  gemm_tasks::for_each_panel(m, blocks, kPanelRows, per_task, threads,
-                             [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  gemm_tasks::for_each_task(rows, blocks, per_task, threads,
+                            [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
     gemm.task(r0, r1, b0, b1);
     if (norm_w && whole_rows)  // the task's rows, while they are in L2
       for (int64_t r = r0; r < r1; ++r)

@@ -22,20 +22,24 @@ def gemm() -> fg.CppGemm:
     return fg.CppGemm(KERNEL)
 
 
-def _case(m: int, k: int, n: int, seed: int = 0):
+def _case(m: int, k: int, n: int, seed: int = 0, stride: int = 0):
+    """x [m, k] as a view of rows `stride` floats apart (default k + 5, as q/k/v splits
+    are), W [n, k], bias [n], other [m, n]."""
     g = torch.Generator().manual_seed(seed)
-    wide = torch.randn(m, k + 5, generator=g)
-    x = wide[:, 2:k + 2]  # a strided view, as q/k/v splits are
+    wide = torch.randn(m, stride or k + 5, generator=g)
+    x = wide[:, 2:k + 2] if not stride else wide[:, :k]
     return (x, torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g),
             torch.randn(m, n, generator=g))
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 64, 16), (5, 1000, 37), (97, 384, 100),
-                                   (300, 800, 1536 + 8)])
-def test_every_epilogue_equals_float64_torch(gemm, m, k, n):
-    """Partial last blocks (n % 16), K across passes (k > 384), row panels of 96 and tiles of
-    1-6 rows, each epilogue, the strided x view."""
-    x, w, b, other = _case(m, k, n)
+@pytest.mark.parametrize("m,k,n,stride", [(1, 64, 16, 0), (5, 1000, 37, 0), (97, 384, 100, 0),
+                                          (300, 800, 1536 + 8, 0), (130, 1024, 48, 1024),
+                                          (61, 1000, 40, 2048)])
+def test_every_epilogue_equals_float64_torch(gemm, m, k, n, stride):
+    """Partial last blocks (n % 16), K across passes (k > 384), row panels and tiles of
+    1-6 rows, each epilogue, strided x views; rows a multiple of 1024 floats apart take the
+    path that copies them first."""
+    x, w, b, other = _case(m, k, n, stride=stride)
     packed = gemm.pack(w)
     ref = F.linear(x.double(), w.double(), b.double())
     want = {"none": ref, "gelu": F.gelu(ref), "silu": F.silu(ref), "relu": F.relu(ref),
