@@ -60,14 +60,15 @@ struct RowSplit {
   int64_t start(int64_t panel) const { return std::min(m, panel * tiles / count * tile_rows); }
 };
 
-// fn(r0, r1, b0, b1) over rows' panels x runs of panel_blocks blocks, as for_each_panel.
+// fn(r0, r1, b0, b1) over rows' panels x runs of panel_blocks blocks, as for_each_panel,
+// a run's panels one after another (the threads share its weights in L3).
 template <class Fn>
 void for_each_task(const RowSplit& rows, int64_t blocks, int64_t panel_blocks, int threads,
                    Fn fn) {
   const int64_t col_panels = (blocks + panel_blocks - 1) / panel_blocks;
 #pragma omp parallel for num_threads(std::max(threads, 1)) schedule(dynamic)
   for (int64_t task = 0; task < rows.count * col_panels; ++task) {
-    const int64_t panel = task / col_panels, b0 = task % col_panels * panel_blocks;
+    const int64_t panel = task % rows.count, b0 = task / rows.count * panel_blocks;
     fn(rows.start(panel), rows.start(panel + 1), b0, std::min(blocks, b0 + panel_blocks));
   }
 }
