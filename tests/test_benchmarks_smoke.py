@@ -70,3 +70,16 @@ def test_int8_ports_times_each_step():
     assert set(rates) == set(bench_int8_ports.STEPS) | {
         "int16 + the kernel's widening (6 steps, 2 vpmovsxbw)"}
     assert all(r > 0 for r in rates.values())
+
+
+def test_f32_gemm_bench_times_both_gemms():
+    """bench_f32_gemm: both GEMMs timed on every MiniLM shape, each close to float64."""
+    import pytest
+    import bench_f32_gemm
+    from vllm._kernels.cpu_kernels import f32_gemm_kernel
+    from vllm.model_executor.layers.linear import onednn_linear_ok
+    if f32_gemm_kernel() is None or not onednn_linear_ok(torch.float32):
+        pytest.skip("needs the C++ float32 GEMM (a SIMD build) and oneDNN")
+    r = bench_f32_gemm.measure(["minilm"], rows=20, repeats=1, per_round=1)["models"]["minilm"]
+    assert len(r["shapes"]) == 4 and r["cpp_gflops"] > 0 and r["onednn_gflops"] > 0
+    assert all(s["cpp_max_err"] < 1e-4 and s["onednn_max_err"] < 1e-4 for s in r["shapes"])
