@@ -21,7 +21,7 @@ call of at most `skinny_gemm.MAX_ROWS` rows runs that C++ kernel over the same p
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ from torch import nn
 from vllm.model_executor.layers.packed import pack_weight
 from vllm.model_executor.layers.skinny_gemm import ACTIVATIONS as SKINNY_ACTIVATIONS
 from vllm.model_executor.layers.skinny_gemm import SkinnyWeight
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.f32_gemm import CppGemm
 
 # activation name -> (oneDNN post-op, its algorithm, the same in plain torch)
 _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = {
@@ -146,7 +149,7 @@ class OneDnnGemm:
 
 TORCH, ONEDNN = TorchGemm(), OneDnnGemm()
 GEMMS = {g.name: g for g in (TORCH, ONEDNN)}
-Gemm = Union[TorchGemm, OneDnnGemm]
+Gemm = Union[TorchGemm, OneDnnGemm, "CppGemm"]  # CppGemm: layers.f32_gemm (imports this)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -209,9 +212,10 @@ class Linear(nn.Linear):
     def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module,
                          quantized: Optional[Quantized] = None) -> torch.Tensor:
         """norm(x @ W.T + b + residual), a post-LN block's end: where `norm` is a LayerNorm
-        over the output and the bound GEMM has `linear_add_norm` (int8: in its own pass on
-        the C++ kernels, each row while it is in L1; the same C++ formula after the GEMM
-        on the oneDNN paths), that; else `forward_add`, then `norm`."""
+        over the output and the bound GEMM has `linear_add_norm` (int8 and the C++ float32
+        GEMM: in its own pass on the C++ kernels, each row while it is in L1 or L2; the same
+        C++ formula after the GEMM on the oneDNN int8 paths), that; else `forward_add`,
+        then `norm`."""
         fused = hasattr(self.gemm, "linear_add_norm") and isinstance(norm, nn.LayerNorm) \
             and norm.weight is not None and norm.weight.dtype == torch.float32 \
             and tuple(norm.normalized_shape) == (self.out_features,) \
