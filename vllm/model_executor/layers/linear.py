@@ -21,7 +21,7 @@ call of at most `skinny_gemm.MAX_ROWS` rows runs that C++ kernel over the same p
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +30,6 @@ from torch import nn
 from vllm.model_executor.layers.packed import pack_weight
 from vllm.model_executor.layers.skinny_gemm import ACTIVATIONS as SKINNY_ACTIVATIONS
 from vllm.model_executor.layers.skinny_gemm import SkinnyWeight
-
-if TYPE_CHECKING:
-    from vllm.model_executor.layers.f32_gemm import CppGemm
 
 # activation name -> (oneDNN post-op, its algorithm, the same in plain torch)
 _ACTIVATIONS: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = {
@@ -149,7 +146,8 @@ class OneDnnGemm:
 
 TORCH, ONEDNN = TorchGemm(), OneDnnGemm()
 GEMMS = {g.name: g for g in (TORCH, ONEDNN)}
-Gemm = Union[TorchGemm, OneDnnGemm, "CppGemm"]  # CppGemm: layers.f32_gemm (imports this)
+# also layers.f32_gemm.CppGemm, the same interface (not named here: it imports this module)
+Gemm = Union[TorchGemm, OneDnnGemm]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
