@@ -9,22 +9,6 @@
 
 namespace gemm_tasks {
 
-// fn(r0, r1, b0, b1) over the tasks of panel_rows rows x panel_blocks blocks that cover m
-// rows x `blocks` blocks, spread over `threads`. Dynamic, so that on a machine shared with
-// other processes a thread that loses its core takes fewer tasks, not holding up the rest
-// (the tasks are large: an atomic increment each costs nothing).
-template <class Fn>
-void for_each_panel(int64_t m, int64_t blocks, int64_t panel_rows, int64_t panel_blocks,
-                    int threads, Fn fn) {
-  const int64_t row_panels = (m + panel_rows - 1) / panel_rows;
-  const int64_t col_panels = (blocks + panel_blocks - 1) / panel_blocks;
-#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(dynamic)
-  for (int64_t task = 0; task < row_panels * col_panels; ++task) {
-    const int64_t r0 = task / col_panels * panel_rows, b0 = task % col_panels * panel_blocks;
-    fn(r0, std::min(m, r0 + panel_rows), b0, std::min(blocks, b0 + panel_blocks));
-  }
-}
-
 // Blocks per task: all of them (whole rows, so a task can norm and quantize its rows),
 // unless `row_panels` alone leave a thread fewer than 4 tasks; then fewer, in whole units
 // of `unit` blocks (a kernel's register tile).
@@ -35,12 +19,6 @@ inline int64_t blocks_per_task(int64_t row_panels, int64_t blocks, int64_t unit,
   const int64_t wanted = kTasksPerThread * threads;
   const int64_t split = std::min(units, (wanted + row_panels - 1) / row_panels);
   return (units + split - 1) / split * unit;
-}
-
-// blocks_per_task for row panels of panel_rows.
-inline int64_t task_blocks(int64_t m, int64_t blocks, int64_t panel_rows, int64_t unit,
-                           int threads) {
-  return blocks_per_task((m + panel_rows - 1) / panel_rows, blocks, unit, threads);
 }
 
 // m rows in `count` panels of whole register tiles (tile_rows), as even as whole tiles
@@ -57,11 +35,19 @@ struct RowSplit {
     const int64_t even = (fewest + threads - 1) / threads * threads;
     return {m, tile_rows, tiles, std::max(fewest, std::min(even, tiles))};
   }
+  // Panels of exactly panel_rows (the last one shorter).
+  static RowSplit fixed(int64_t m, int64_t panel_rows) {
+    const int64_t panels = (m + panel_rows - 1) / panel_rows;
+    return {m, panel_rows, panels, panels};
+  }
   int64_t start(int64_t panel) const { return std::min(m, panel * tiles / count * tile_rows); }
 };
 
-// fn(r0, r1, b0, b1) over rows' panels x runs of panel_blocks blocks, as for_each_panel,
-// a run's panels one after another (the threads share its weights in L3).
+// fn(r0, r1, b0, b1) over rows' panels x runs of panel_blocks blocks, spread over
+// `threads`, a run's panels one after another (the threads share its weights in L3).
+// Dynamic, so that on a machine shared with other processes a thread that loses its core
+// takes fewer tasks, not holding up the rest (the tasks are large: an atomic increment each
+// costs nothing).
 template <class Fn>
 void for_each_task(const RowSplit& rows, int64_t blocks, int64_t panel_blocks, int threads,
                    Fn fn) {
@@ -69,7 +55,8 @@ void for_each_task(const RowSplit& rows, int64_t blocks, int64_t panel_blocks, i
 #pragma omp parallel for num_threads(std::max(threads, 1)) schedule(dynamic)
   for (int64_t task = 0; task < rows.count * col_panels; ++task) {
     const int64_t panel = task % rows.count, b0 = task / rows.count * panel_blocks;
-    fn(rows.start(panel), rows.start(panel + 1), b0, std::min(blocks, b0 + panel_blocks));
+    const int64_t r0 = rows.start(panel), r1 = rows.start(panel + 1);
+    if (r0 < r1) fn(r0, r1, b0, std::min(blocks, b0 + panel_blocks));
   }
 }
 

@@ -155,8 +155,10 @@ int vllm_int8_gemm_amx(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
                                   norm_w, norm_b, eps, bf16_out};
   // split in pairs of blocks: a B tile is 32 columns
-  const int64_t task_blocks = int8_gemm::task_blocks(m, blocks, kPanelRows, 2, threads);
-  int8_gemm::run_tasks(m, n, kPanelRows, task_blocks, threads, dq, out, q_out, q_scales,
+  // fixed panels: a panel starts on a multiple of kPanelRows (the tiles' row groups)
+  const auto rows = gemm_tasks::RowSplit::fixed(m, kPanelRows);
+  const int64_t task_blocks = gemm_tasks::blocks_per_task(rows.count, blocks, 2, threads);
+  int8_gemm::run_tasks(rows, n, task_blocks, threads, dq, out, q_out, q_scales,
                        [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     thread_local std::vector<int8_t> u;
     thread_local std::vector<int32_t> sums;

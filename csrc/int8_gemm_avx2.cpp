@@ -154,8 +154,9 @@ int vllm_int8_gemm_avx2_fused(const int8_t* a, int64_t m, int64_t k, int64_t a_r
                                   norm_w, norm_b, eps, bf16_out};
   const int64_t kp = (k + 1) / 2 * 2;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const int64_t per_task = int8_gemm::task_blocks(m, blocks, kPanelRows, 1, threads);
-  int8_gemm::run_tasks(m, n, kPanelRows, per_task, threads, dq, out, q_out, q_scales,
+  const auto rows = gemm_tasks::RowSplit::balanced(m, kPanelRows, kTileRows, threads);
+  const int64_t per_task = gemm_tasks::blocks_per_task(rows.count, blocks, 1, threads);
+  int8_gemm::run_tasks(rows, n, per_task, threads, dq, out, q_out, q_scales,
                        [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     // the task's rows widened and its int32 sums: per-thread buffers in L2, reused
     thread_local std::vector<int16_t> wide;

@@ -100,22 +100,19 @@ struct Floats {
   }
 };
 
-using gemm_tasks::for_each_panel;
-using gemm_tasks::task_blocks;
-
 // A fused int8 GEMM (the AVX2, VNNI and AMX kernels) over its tasks, with their shared float
 // end: sums(r0, r1, b0, b1, ld) makes one task's int32 sums (rows [r0, r1) x blocks
 // [b0, b1)) and returns them, their row stride in ld; each task's rows then go back to
 // float (finish_rows), and where tasks split the rows' columns, finish_split_rows after
 // them all. out may be null (see `Floats`).
 template <class Sums>
-void run_tasks(int64_t m, int64_t n, int64_t panel_rows, int64_t task_blocks, int threads,
+void run_tasks(const gemm_tasks::RowSplit& rows, int64_t n, int64_t task_blocks, int threads,
                const Dequantize& dq, float* out, int8_t* q_out, float* q_scales, Sums sums) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int64_t m = rows.m, blocks = (n + kBlock - 1) / kBlock;
   const bool whole_rows = task_blocks >= blocks;
   const Floats floats(out, m, n, whole_rows);
-  for_each_panel(m, blocks, panel_rows, task_blocks, threads,
-                 [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  gemm_tasks::for_each_task(rows, blocks, task_blocks, threads,
+                            [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
     int64_t ld = 0;
     const int32_t* s = sums(r0, r1, b0, b1, ld);
     const int cols = (int)(std::min(n, b1 * kBlock) - b0 * kBlock);

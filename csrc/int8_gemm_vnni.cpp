@@ -202,9 +202,10 @@ int vllm_int8_gemm_vnni(const int8_t* a, int64_t m, int64_t k, int64_t a_row,
   const Operands op{w_packed, comp, kp};
   const int8_gemm::Dequantize dq{row_scales, col_scales, bias, other, other_row, mode,
                                   norm_w, norm_b, eps, bf16_out};
-  const int64_t task_blocks = int8_gemm::task_blocks(m, blocks, kPanelRows, kTileBlocks,
-                                                     threads);
-  int8_gemm::run_tasks(m, n, kPanelRows, task_blocks, threads, dq, out, q_out, q_scales,
+  const auto rows = gemm_tasks::RowSplit::balanced(m, kPanelRows, kTileRows, threads);
+  const int64_t task_blocks = gemm_tasks::blocks_per_task(rows.count, blocks, kTileBlocks,
+                                                          threads);
+  int8_gemm::run_tasks(rows, n, task_blocks, threads, dq, out, q_out, q_scales,
                        [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t& ld) {
     // the task's rows shifted to u8 and its int32 sums: buffers in L1 / L2, reused
     thread_local std::vector<uint8_t> u;
