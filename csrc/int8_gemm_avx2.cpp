@@ -18,8 +18,8 @@
 // int8 in memory, a quarter of the float32 weight. A register tile is 6 rows x 16 columns
 // (12 ymm accumulators); a row's pair of int16 activations is broadcast to all 8 lanes
 // (tiles of 1-5 rows where M leaves them). A task (int8_gemm_common.h `run_tasks`, the
-// VNNI and AMX kernels' float end) widens its 48 rows into zero-padded int16 rows, makes
-// their int32 sums in a per-thread buffer, then turns each row back to float
+// VNNI and AMX kernels' float end) widens its rows (up to 48) into zero-padded int16 rows,
+// makes their int32 sums in a per-thread buffer, then turns each row back to float
 // (int8_dequantize.h: the same floats as the separate pass after oneDNN's GEMM) and, where
 // asked, layer-norms and quantizes it for the next projection while it is in L1: no int32
 // [M, N] goes through memory, and an MLP's hidden rows need not either.

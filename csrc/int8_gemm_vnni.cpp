@@ -24,7 +24,7 @@
 // 6 rows x 4 blocks (64 columns): 24 accumulators + 4 weight vectors + 1 broadcast of the
 // 32 zmm; each group loads 4 weight vectors and 6 broadcasts for 24 vpdpbusd.
 //
-// A task is a panel of 48 rows x (normally) all the columns: it copies its rows once into
+// A task is a panel of <= 48 rows x (normally) all the columns: it copies its rows once into
 // a buffer of a + 128 (zero-padded to a multiple of 4 k), sums them tile by tile into an
 // int32 panel (K in chunks of at most 512, so a chunk's weights for a tile, 32 KiB, stay in
 // L1 over the panel's rows), then turns whole rows to floats (int8_dequantize.h): out and
