@@ -16,10 +16,11 @@ the projections' own rate: the whole run's time counts). Writes results/bench_in
 
 The int8 path is the one the engine chooses by the CPU's features (VNNI / AMX on oneDNN,
 else the C++ AVX2 kernel), printed with the figures. `--avx2` runs as on an AVX2-only CPU
-on any x86 CPU: a child process with oneDNN capped to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`, so
-float32 runs on AVX2 too), the kernel library's x86-64-v3 build (built with CMake under
-/tmp unless `--kernels-lib`) and `VLLM_CPU_INT8_PATH=avx2`; ONNX Runtime is left out there
-(it would use this CPU's VNNI). The int8 peak is then the AVX2 kernel's own on 2048^3.
+on any x86 CPU, in a child process: where the CPU offers CPUID faulting, under
+`avx2_only.py`'s mask (every library, ONNX Runtime included, is told AVX2; the kernel
+library built as an install there builds it, unless `--kernels-lib`); elsewhere with oneDNN
+capped to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`), the kernel library's x86-64-v3 build and
+`VLLM_CPU_INT8_PATH=avx2`, and ONNX Runtime left out (it would use this CPU's VNNI). The int8 peak is then the AVX2 kernel's own on 2048^3.
 Writes results/bench_int8_avx2.json.
 
     python benchmarks/bench_int8.py [--texts 512] [--repeats 5] [--avx2 [--kernels-lib SO]]
@@ -74,13 +75,21 @@ def avx2_library() -> pathlib.Path:
 
 
 def run_as_avx2(args: argparse.Namespace) -> None:
-    """This benchmark again in a child process set up as on an AVX2-only CPU."""
-    lib = args.kernels_lib or str(avx2_library())
-    argv = [a for a in sys.argv[1:] if a != "--avx2"]
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "VLLM_CPU_KERNELS_LIB": lib,
-           "VLLM_CPU_INT8_PATH": "avx2"}
-    sys.exit(subprocess.run([sys.executable, __file__, *argv, "--no-onnx", "--results-name",
-                             "bench_int8_avx2"], env=env).returncode)
+    """This benchmark again in a child process set up as on an AVX2-only CPU: under
+    avx2_only.py's CPUID mask where the CPU offers CPUID faulting (every library, ONNX
+    Runtime included, runs its AVX2 code), else with oneDNN capped and ONNX Runtime left out."""
+    import avx2_only
+    argv = [a for a in sys.argv[1:] if a != "--avx2"] + ["--results-name", "bench_int8_avx2"]
+    env = dict(os.environ)
+    if args.kernels_lib:
+        env["VLLM_CPU_KERNELS_LIB"] = args.kernels_lib
+    if avx2_only.supported():
+        env = avx2_only.avx2_environment(env)
+    else:
+        env.setdefault("VLLM_CPU_KERNELS_LIB", str(avx2_library()))
+        env.update(ONEDNN_MAX_CPU_ISA="AVX2", VLLM_CPU_INT8_PATH="avx2")
+        argv.append("--no-onnx")
+    sys.exit(subprocess.run([sys.executable, __file__, *argv], env=env).returncode)
 
 
 def onnx_int8(model_dir: pathlib.Path, threads: int) -> OnnxEmbedder:
